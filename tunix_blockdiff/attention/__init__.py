@@ -1,0 +1,1 @@
+"""Block-causal attention: dense masks, context parallelism, kernels."""

@@ -1,0 +1,41 @@
+"""The `tunix-blockdiff` command: sft, generate, rl, opd, bench.
+
+Each subcommand lives in `tunix_blockdiff.jobs.<name>` and is imported only
+when used, so `tunix-blockdiff --help` is instant.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "sft": "block-diffusion SFT (default: the embedded tiny recipe)",
+    "generate": "generate from a checkpoint and render the denoising trajectory",
+    "rl": "GRPO with the block-diffusion rollout",
+    "opd": "on-policy distillation into a block-diffusion student",
+    "bench": "run a benchmark script from benchmarks/",
+}
+
+USAGE = "usage: tunix-blockdiff {%s} [RECIPE.yaml] [key=value ...]\n\n%s" % (
+    ",".join(COMMANDS),
+    "\n".join(f"  {name:<9} {help_}" for name, help_ in COMMANDS.items()),
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if not argv or argv[0] in ("-h", "--help"):
+    print(USAGE)
+    return 0
+  command, rest = argv[0], argv[1:]
+  if command not in COMMANDS:
+    print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return 2
+  module = importlib.import_module(f"tunix_blockdiff.jobs.{command}")
+  result = module.main(rest)
+  return int(result or 0)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,153 @@
+"""Frozen, validated configuration for block-diffusion training and decoding.
+
+Every field is checked when the object is built, so a bad value fails at
+configuration time with an error that names the field and the rule, never
+later inside a jitted program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+
+ALIGNMENTS = ("same_position", "shifted")
+CANVASES = ("all_masked", "seed_and_mask")
+STREAMS = ("single", "two_stream", "clean_prefix")
+LOSS_WEIGHTINGS = ("uniform", "elbo")
+# The only supported alignment/canvas pairings (DESIGN.md section 2).
+CANVAS_FOR_ALIGNMENT = {"same_position": "all_masked", "shifted": "seed_and_mask"}
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+  if value < minimum:
+    raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+def _check_optional_int(name: str, value, minimum: int) -> None:
+  if value is not None:
+    _check_int(name, value, minimum)
+
+
+def _check_float(name: str, value) -> float:
+  if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+  return float(value)
+
+
+def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
+  if value not in choices:
+    raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_alignment_canvas(
+    alignment: str, canvas: str, block_size: int
+) -> None:
+  """Raises unless (alignment, canvas) is a supported pairing."""
+  _check_choice("alignment", alignment, ALIGNMENTS)
+  _check_choice("canvas", canvas, CANVASES)
+  if CANVAS_FOR_ALIGNMENT[alignment] != canvas:
+    raise ValueError(
+        f"canvas={canvas!r} does not pair with alignment={alignment!r}:"
+        " supported pairs are same_position+all_masked and"
+        " shifted+seed_and_mask"
+    )
+  if canvas == "seed_and_mask" and block_size < 2:
+    raise ValueError(
+        "block_size must be >= 2 with canvas='seed_and_mask' (each block keeps"
+        f" one clean seed slot), got {block_size}"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockDiffusionConfig:
+  """Configuration of the block-diffusion training objective.
+
+  Attributes:
+    block_size: Slots per block (>= 1). 1 is causal attention.
+    mask_token_id: Vocabulary id of the mask token (>= 0).
+    alignment: `same_position` (logit at slot i predicts slot i) or `shifted`
+      (logit at logical position pos-1 predicts the slot at pos).
+    canvas: `all_masked` (pairs with `same_position`) or `seed_and_mask`
+      (pairs with `shifted`; the first slot of each block stays clean).
+    stream: `single` (one noised sequence, block-causal; MaxText),
+      `two_stream` (clean and noised sequences concatenated, BD3-LM), or
+      `clean_prefix` (single stream whose blocks before a random cut block are
+      kept clean, so training sees clean context like inference does).
+    min_noise: Lower bound of the per-block noise rate t ~ U[min_noise, 1].
+    loss_weighting: `uniform` or `elbo` (each target weighted by 1/t).
+  """
+
+  block_size: int
+  mask_token_id: int
+  alignment: str = "same_position"
+  canvas: str = "all_masked"
+  stream: str = "single"
+  min_noise: float = 1e-3
+  loss_weighting: str = "uniform"
+
+  def __post_init__(self):
+    _check_int("block_size", self.block_size, 1)
+    _check_int("mask_token_id", self.mask_token_id, 0)
+    check_alignment_canvas(self.alignment, self.canvas, self.block_size)
+    _check_choice("stream", self.stream, STREAMS)
+    min_noise = _check_float("min_noise", self.min_noise)
+    if not 0.0 < min_noise <= 1.0:
+      raise ValueError(f"min_noise must satisfy 0 < min_noise <= 1, got {min_noise}")
+    _check_choice("loss_weighting", self.loss_weighting, LOSS_WEIGHTINGS)
+
+
+@dataclasses.dataclass(frozen=True)
+class DenoiseConfig:
+  """Configuration of the low-confidence block denoiser (DESIGN.md 5.3).
+
+  Attributes:
+    block_size: Slots per block (>= 1).
+    mask_token_id: Vocabulary id of the mask token (>= 0); never proposed.
+    threshold: Commit every eligible slot whose confidence is strictly above
+      it (0 < threshold <= 1). Ignored when `steps_per_block` is set.
+    alignment: `same_position` or `shifted` (what the logits function
+      returns is already target-aligned; `shifted` adds the rule that logical
+      position 0 must be prompt).
+    steps_per_block: Optional static schedule: each block takes at most this
+      many steps, committing ceil(left / steps left) slots per step.
+    temperature: 0 for greedy proposals, > 0 to sample.
+    top_k: Optional top-k filter for sampling (>= 1).
+    top_p: Optional nucleus filter for sampling (0 < top_p <= 1).
+    eos_token_id: Optional EOS id: a row stops once everything before its
+      first committed EOS is committed; later slots become `pad_token_id`.
+    pad_token_id: Id written after EOS (>= 0).
+  """
+
+  block_size: int
+  mask_token_id: int
+  threshold: float = 0.9
+  alignment: str = "same_position"
+  steps_per_block: int | None = None
+  temperature: float = 0.0
+  top_k: int | None = None
+  top_p: float | None = None
+  eos_token_id: int | None = None
+  pad_token_id: int = 0
+
+  def __post_init__(self):
+    _check_int("block_size", self.block_size, 1)
+    _check_int("mask_token_id", self.mask_token_id, 0)
+    threshold = _check_float("threshold", self.threshold)
+    if not 0.0 < threshold <= 1.0:
+      raise ValueError(f"threshold must satisfy 0 < threshold <= 1, got {threshold}")
+    _check_choice("alignment", self.alignment, ALIGNMENTS)
+    _check_optional_int("steps_per_block", self.steps_per_block, 1)
+    temperature = _check_float("temperature", self.temperature)
+    if temperature < 0.0:
+      raise ValueError(f"temperature must be >= 0, got {temperature}")
+    _check_optional_int("top_k", self.top_k, 1)
+    if self.top_p is not None:
+      top_p = _check_float("top_p", self.top_p)
+      if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must satisfy 0 < top_p <= 1, got {top_p}")
+    _check_optional_int("eos_token_id", self.eos_token_id, 0)
+    _check_int("pad_token_id", self.pad_token_id, 0)
+    if self.eos_token_id is not None and self.eos_token_id == self.mask_token_id:
+      raise ValueError("eos_token_id must differ from mask_token_id")

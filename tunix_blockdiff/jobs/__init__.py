@@ -1,0 +1,1 @@
+"""Subcommands of the `tunix-blockdiff` command, one module each."""

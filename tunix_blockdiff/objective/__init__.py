@@ -1,0 +1,1 @@
+"""The block-diffusion training objective: corruption, alignment, loss."""

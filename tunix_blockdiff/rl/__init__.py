@@ -1,0 +1,1 @@
+"""RL and on-policy distillation with trajectory-exact diffusion log-probs."""

@@ -1,0 +1,1 @@
+"""Block-diffusion generation: the denoiser, the cached driver, the engine."""
