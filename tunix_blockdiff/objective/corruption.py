@@ -59,7 +59,7 @@ def _corrupt_row(
     rng: np.random.Generator,
     eligible: np.ndarray,
     valid: np.ndarray,
-    completion: np.ndarray,
+    positions: np.ndarray,
     block_key: np.ndarray,
     segment: np.ndarray,
     is_seed: np.ndarray,
@@ -68,17 +68,26 @@ def _corrupt_row(
 ):
   """Returns (corrupted, loss, rate) bool/bool/float rows for one example."""
   length = eligible.shape[0]
+  # Only valid slots consume randomness, taken in logical order (segment,
+  # block, position). Sorting by the block alone would leave slots of one
+  # block in physical order, so a permuted row (context parallelism) would get
+  # different draws; drawing for padding would make the draws depend on how
+  # much padding the batch happens to have.
+  logical_order = np.lexsort((positions, block_key))
+  logical_order = logical_order[valid[logical_order]]
+  num_valid = logical_order.shape[0]
   # Blocks are identified by (segment, logical block); rates are drawn in
   # sorted key order so the draw does not depend on physical order.
-  keys, block_of_slot = np.unique(block_key, return_inverse=True)
-  num_blocks = keys.shape[0]
-  rates = rng.uniform(config.min_noise, 1.0, size=num_blocks)
-  # Per-slot draws are made in logical order, again independent of layout.
-  logical_order = np.lexsort((block_key,))
-  draws = np.empty(length)
-  draws[logical_order] = rng.random(length)
-  fallback_draws = np.empty(length)
-  fallback_draws[logical_order] = rng.random(length)
+  keys, block_of_valid = np.unique(
+      block_key[logical_order], return_inverse=True
+  )
+  rates = rng.uniform(config.min_noise, 1.0, size=keys.shape[0])
+  block_of_slot = np.full(length, -1, np.int64)
+  block_of_slot[logical_order] = block_of_valid.reshape(-1)
+  draws = np.ones(length)
+  draws[logical_order] = rng.random(num_valid)
+  fallback_draws = np.zeros(length)
+  fallback_draws[logical_order] = rng.random(num_valid)
 
   candidate = eligible & ~is_seed
   if config.stream == "clean_prefix":
@@ -92,7 +101,7 @@ def _corrupt_row(
   else:
     cut_ok = np.ones(length, bool)
 
-  slot_rate = rates[block_of_slot]
+  slot_rate = np.where(valid, rates[block_of_slot], 0.0)
   selected = candidate & (draws < slot_rate)
   # Every block with a candidate slot gets at least one target.
   for block in np.unique(block_of_slot[candidate & ~selected]):
@@ -194,7 +203,7 @@ def corrupt(
         rng,
         eligible[row],
         validity[row],
-        completion[row],
+        positions[row],
         block_key[row],
         segment_ids[row],
         is_seed[row],
