@@ -1,0 +1,187 @@
+"""Tests for the weighted diffusion cross-entropy (LossOutput)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tunix_blockdiff import compat
+from tunix_blockdiff.objective import loss as loss_lib
+
+
+def _reference(logits, targets, weights):
+  """NumPy float64 weighted CE sum and target count."""
+  logits = np.asarray(logits, np.float64)
+  shifted = logits - logits.max(-1, keepdims=True)
+  log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+  total, count = 0.0, 0
+  for b in range(targets.shape[0]):
+    for i in range(targets.shape[1]):
+      if weights[b, i] > 0:
+        total += weights[b, i] * -log_probs[b, i, targets[b, i]]
+        count += 1
+  return total, count
+
+
+def _example(seed=0, batch=2, length=6, vocab=11):
+  rng = np.random.default_rng(seed)
+  logits = rng.normal(size=(batch, length, vocab)).astype(np.float32) * 3
+  targets = rng.integers(0, vocab, (batch, length)).astype(np.int32)
+  weights = (rng.random((batch, length)) < 0.6) * rng.uniform(
+      0.5, 4.0, (batch, length)
+  )
+  weights[0, 0] = 2.5  # at least one target.
+  return logits, targets, weights.astype(np.float32)
+
+
+def test_matches_numpy_reference():
+  logits, targets, weights = _example()
+  out = loss_lib.diffusion_loss(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  )
+  total, count = _reference(logits, targets, weights)
+  assert isinstance(out, compat.LossOutput)
+  assert isinstance(out.primary_loss, compat.WeightedMetric)
+  np.testing.assert_allclose(out.primary_loss.unreduced_sum, total, rtol=1e-5)
+  assert float(out.primary_loss.denominator) == count
+  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+  assert float(out.aux_metrics["target_tokens"]) == count
+
+
+def test_accuracy_metric_counts_argmax_hits_on_targets():
+  logits = np.zeros((1, 3, 4), np.float32)
+  logits[0, 0, 2] = logits[0, 1, 1] = logits[0, 2, 3] = 5.0
+  targets = np.array([[2, 0, 3]], np.int32)
+  weights = np.array([[1.0, 1.0, 0.0]], np.float32)
+  out = loss_lib.diffusion_loss(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  )
+  accuracy = out.aux_metrics["accuracy"]
+  assert float(accuracy.unreduced_sum) == 1.0
+  assert float(accuracy.denominator) == 2.0
+
+
+def test_bool_weights_and_token_cross_entropy():
+  logits, targets, _ = _example(seed=1)
+  mask = np.zeros(targets.shape, bool)
+  mask[:, ::2] = True
+  out = loss_lib.diffusion_loss(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask)
+  )
+  total, count = _reference(logits, targets, mask.astype(np.float64))
+  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+  ce = loss_lib.token_cross_entropy(jnp.asarray(logits), jnp.asarray(targets))
+  assert ce.shape == targets.shape and ce.dtype == jnp.float32
+  ones = np.ones(targets.shape)
+  np.testing.assert_allclose(
+      ce.sum(), _reference(logits, targets, ones)[0], rtol=1e-5
+  )
+
+
+def test_bf16_logits_give_float32_loss():
+  logits, targets, weights = _example(seed=2)
+  bf16 = jnp.asarray(logits, jnp.bfloat16)
+  out = loss_lib.diffusion_loss(bf16, jnp.asarray(targets), jnp.asarray(weights))
+  assert out.primary_loss.unreduced_sum.dtype == jnp.float32
+  assert out.primary_loss.denominator.dtype == jnp.float32
+  # Computed in float32 from the bf16-rounded logits.
+  total, count = _reference(np.asarray(bf16.astype(jnp.float32)), targets, weights)
+  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+
+
+def test_zero_total_weight_gives_zero_loss_and_zero_gradients():
+  logits, targets, _ = _example(seed=3)
+  weights = jnp.zeros(targets.shape, jnp.float32)
+
+  def mean_loss(x):
+    return loss_lib.diffusion_loss(x, jnp.asarray(targets), weights).primary_loss.compute()
+
+  value, grad = jax.value_and_grad(mean_loss)(jnp.asarray(logits))
+  assert float(value) == 0.0
+  assert np.isfinite(grad).all() and not np.asarray(grad).any()
+
+
+@pytest.mark.parametrize("bad_id", [-5, 11, 10**6])
+def test_inactive_targets_may_hold_any_id(bad_id):
+  logits, targets, weights = _example(seed=4)
+  targets = targets.copy()
+  weights = weights.copy()
+  targets[1, :] = bad_id
+  weights[1, :] = 0.0
+
+  def mean_loss(x):
+    return loss_lib.diffusion_loss(
+        x, jnp.asarray(targets), jnp.asarray(weights)
+    ).primary_loss.compute()
+
+  value, grad = jax.value_and_grad(mean_loss)(jnp.asarray(logits))
+  assert np.isfinite(value) and np.isfinite(grad).all()
+  total, count = _reference(logits[:1], targets[:1], weights[:1])
+  np.testing.assert_allclose(value, total / count, rtol=1e-5)
+  assert not np.asarray(grad[1]).any()
+
+
+def test_halves_sum_to_the_whole_batch_mean():
+  logits, targets, weights = _example(seed=5)
+  weights[1, :4] = 0.0  # uneven target counts in the two halves.
+  parts = [
+      loss_lib.diffusion_loss(
+          jnp.asarray(logits[s]), jnp.asarray(targets[s]), jnp.asarray(weights[s])
+      ).primary_loss
+      for s in (slice(0, 1), slice(1, 2))
+  ]
+  whole = loss_lib.diffusion_loss(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  ).primary_loss
+  combined = compat.WeightedMetric(
+      unreduced_sum=parts[0].unreduced_sum + parts[1].unreduced_sum,
+      denominator=parts[0].denominator + parts[1].denominator,
+  )
+  np.testing.assert_allclose(combined.compute(), whole.compute(), rtol=1e-6)
+  # The mean of the two means differs: that is why the sums are returned.
+  assert parts[0].denominator != parts[1].denominator
+
+
+def test_gradient_matches_softmax_minus_one_hot():
+  logits, targets, weights = _example(seed=6)
+  weights[:] = 0.0
+  weights[0, :3] = [2.0, 0.0, 1.0]
+  weights[1, 5] = 1.0
+
+  def mean_loss(x):
+    return loss_lib.diffusion_loss(
+        x, jnp.asarray(targets), jnp.asarray(weights)
+    ).primary_loss.compute()
+
+  grad = np.asarray(jax.grad(mean_loss)(jnp.asarray(logits)))
+  probs = np.exp(logits - logits.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  onehot = np.eye(logits.shape[-1])[targets]
+  expected = weights[..., None] * (probs - onehot) / 3.0
+  np.testing.assert_allclose(grad, expected, atol=1e-6)
+
+
+def test_bad_shapes_and_dtypes_raise():
+  logits = jnp.zeros((2, 3, 5))
+  targets = jnp.zeros((2, 3), jnp.int32)
+  weights = jnp.ones((2, 3))
+  with pytest.raises(ValueError, match=r"logits must have shape"):
+    loss_lib.diffusion_loss(jnp.zeros((2, 3)), targets, weights)
+  with pytest.raises(ValueError, match=r"targets must have shape"):
+    loss_lib.diffusion_loss(logits, jnp.zeros((2, 4), jnp.int32), weights)
+  with pytest.raises(ValueError, match=r"loss_weights must have the shape"):
+    loss_lib.diffusion_loss(logits, targets, jnp.ones((2, 4)))
+  with pytest.raises(TypeError, match=r"targets must have an integer dtype"):
+    loss_lib.diffusion_loss(logits, jnp.zeros((2, 3)), weights)
+
+
+def test_loss_is_jittable():
+  logits, targets, weights = _example(seed=7)
+  fn = jax.jit(lambda *a: loss_lib.diffusion_loss(*a).primary_loss.compute())
+  np.testing.assert_allclose(
+      fn(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)),
+      loss_lib.diffusion_loss(
+          jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+      ).primary_loss.compute(),
+      rtol=1e-6,
+  )
