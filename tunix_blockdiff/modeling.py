@@ -85,7 +85,8 @@ def two_stream_source_index(
   `same_position`: the xt slot itself (L + i). `shifted`: the slot at logical
   `pos - 1`; inside a block that is the xt stream, but the first slot of a
   block is predicted from the end of the previous block, which at inference
-  is clean, so its source is taken from the clean stream x0.
+  is clean, so its source is taken from the clean stream x0. A slot without a
+  predecessor (logical 0, padding) keeps its own xt slot; it is never a target.
 
   Args:
     positions: int [B, L] logical positions.
@@ -107,8 +108,11 @@ def two_stream_source_index(
         f"alignment must be one of {alignment_lib.ALIGNMENTS}, got {alignment!r}"
     )
   source = alignment_lib.shifted_source_index(positions, validity, segment_ids)
-  block_start = positions % block_size == 0
-  return jnp.where(block_start, source, source + length).astype(jnp.int32)
+  # A slot without a predecessor (a document's logical 0, padding) keeps its
+  # own noised-stream logit, as in single-stream alignment, not its clean one.
+  has_source = source != jnp.arange(length, dtype=source.dtype)[None, :]
+  from_clean = (positions % block_size == 0) & has_source
+  return jnp.where(from_clean, source, source + length).astype(jnp.int32)
 
 
 def two_stream_logits(
