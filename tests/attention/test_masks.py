@@ -260,10 +260,13 @@ def test_two_stream_rejects_mismatched_segments():
 
 
 @st.composite
-def _rows(draw, max_len=12):
-  """A random batch: positions (packed docs), segments, validity, a perm."""
-  batch = draw(st.integers(1, 2))
-  length = draw(st.integers(1, max_len))
+def _rows(draw, length=10):
+  """A random batch: positions (packed docs), segments, validity, a perm.
+
+  The shape is fixed so each mask op compiles once; documents, offsets,
+  padding, the permutation and the block size (up to beyond the length) vary.
+  """
+  batch = 2
   block_size = draw(st.integers(1, length + 2))
   rows_pos, rows_seg, rows_valid, rows_perm = [], [], [], []
   for _ in range(batch):
@@ -316,7 +319,7 @@ def test_property_block_causal_mask_matches_reference(data):
     )
 
 
-@given(_rows(max_len=8))
+@given(_rows(length=7))
 def test_property_two_stream_mask_matches_reference(data):
   pos, seg, valid, _, block_size = data
   got = masks.two_stream_mask(pos, block_size, segment_ids=seg, valid=valid)

@@ -9,6 +9,9 @@ import pytest
 
 from tunix_blockdiff.objective import alignment
 
+# One compiled program per shape instead of dozens of eager ops per call.
+_align = jax.jit(alignment.align_logits, static_argnames=("alignment",))
+
 
 def reference_source(positions, validity, segments):
   """Brute force: the physical slot holding (segment, pos - 1), valid."""
@@ -27,10 +30,10 @@ def reference_source(positions, validity, segments):
 
 def test_same_position_is_identity():
   logits = jnp.arange(24.0).reshape(2, 4, 3)
-  out = alignment.align_logits(logits, "same_position")
+  out = _align(logits, "same_position")
   np.testing.assert_array_equal(out, logits)
   # Positions are irrelevant for same_position.
-  out = alignment.align_logits(
+  out = _align(
       logits, "same_position", positions=jnp.array([[3, 2, 1, 0]] * 2)
   )
   np.testing.assert_array_equal(out, logits)
@@ -38,7 +41,7 @@ def test_same_position_is_identity():
 
 def test_shifted_without_positions_takes_previous_slot():
   logits = jnp.arange(8.0).reshape(1, 4, 2)
-  out = alignment.align_logits(logits, "shifted")
+  out = _align(logits, "shifted")
   np.testing.assert_array_equal(out, logits[:, [0, 0, 1, 2], :])
   assert out.dtype == logits.dtype
 
@@ -46,7 +49,7 @@ def test_shifted_without_positions_takes_previous_slot():
 def test_shifted_follows_logical_positions_after_reordering():
   positions = jnp.array([[0, 3, 1, 2]], jnp.int32)
   logits = positions[..., None].astype(jnp.float32)
-  out = alignment.align_logits(
+  out = _align(
       logits, "shifted", positions=positions,
       validity=jnp.ones_like(positions, bool),
   )
@@ -56,10 +59,10 @@ def test_shifted_follows_logical_positions_after_reordering():
 def test_shifted_defaults_to_all_valid():
   positions = jnp.array([[0, 3, 1, 2]], jnp.int32)
   logits = positions[..., None].astype(jnp.float32)
-  explicit = alignment.align_logits(
+  explicit = _align(
       logits, "shifted", positions, jnp.ones((1, 4), bool)
   )
-  default = alignment.align_logits(logits, "shifted", positions)
+  default = _align(logits, "shifted", positions)
   np.testing.assert_array_equal(default, explicit)
 
 
@@ -67,12 +70,12 @@ def test_padding_is_never_the_source_of_logical_position_one():
   positions = jnp.array([[0, 3, 1, 2, 0, 0]], jnp.int32)
   validity = jnp.array([[1, 1, 1, 1, 0, 0]], bool)
   logits = jnp.arange(6.0).reshape(1, 6, 1)
-  out = alignment.align_logits(logits, "shifted", positions, validity)
+  out = _align(logits, "shifted", positions, validity)
   np.testing.assert_array_equal(out[0, :4, 0], [0, 3, 0, 2])
   # Left padding at logical position 0 before the real logical 0.
   positions = jnp.array([[0, 0, 0, 1, 2]], jnp.int32)
   validity = jnp.array([[0, 0, 1, 1, 1]], bool)
-  out = alignment.align_logits(
+  out = _align(
       jnp.arange(5.0).reshape(1, 5, 1), "shifted", positions, validity
   )
   np.testing.assert_array_equal(out[0, 2:, 0], [2, 2, 3])
@@ -82,7 +85,7 @@ def test_packed_segments_do_not_leak_across_documents():
   positions = jnp.array([[0, 1, 2, 0, 1, 2]], jnp.int32)
   segments = jnp.array([[0, 0, 0, 1, 1, 1]], jnp.int32)
   logits = jnp.arange(6.0).reshape(1, 6, 1)
-  out = alignment.align_logits(
+  out = _align(
       logits, "shifted", positions, segment_ids=segments
   )
   # Doc 1's logical 0 (physical 3) keeps its own logit, not doc 0's last.
@@ -119,7 +122,9 @@ def test_align_logits_is_jittable():
 
 
 def test_shifted_source_index_dtype_and_self_fallback():
-  source = alignment.shifted_source_index(jnp.array([[5, 0, 7]], jnp.int32))
+  source = jax.jit(alignment.shifted_source_index)(
+      jnp.array([[5, 0, 7]], jnp.int32)
+  )
   assert source.dtype == jnp.int32
   # 5 and 7 have no predecessor at 4 / 6: they keep their own slot.
   np.testing.assert_array_equal(source, [[0, 1, 2]])

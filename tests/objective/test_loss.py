@@ -8,6 +8,15 @@ import pytest
 from tunix_blockdiff import compat
 from tunix_blockdiff.objective import loss as loss_lib
 
+# Shared compiled programs: every test uses a few shapes, so each compiles
+# once per worker instead of dispatching dozens of eager ops per call.
+_loss = jax.jit(loss_lib.diffusion_loss)
+_mean_and_grad = jax.jit(
+    jax.value_and_grad(
+        lambda x, t, w: loss_lib.diffusion_loss(x, t, w).primary_loss.compute()
+    )
+)
+
 
 def _reference(logits, targets, weights):
   """NumPy float64 weighted CE sum and target count."""
@@ -36,9 +45,7 @@ def _example(seed=0, batch=2, length=6, vocab=11):
 
 def test_matches_numpy_reference():
   logits, targets, weights = _example()
-  out = loss_lib.diffusion_loss(
-      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
-  )
+  out = _loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
   total, count = _reference(logits, targets, weights)
   assert isinstance(out, compat.LossOutput)
   assert isinstance(out.primary_loss, compat.WeightedMetric)
@@ -53,9 +60,7 @@ def test_accuracy_metric_counts_argmax_hits_on_targets():
   logits[0, 0, 2] = logits[0, 1, 1] = logits[0, 2, 3] = 5.0
   targets = np.array([[2, 0, 3]], np.int32)
   weights = np.array([[1.0, 1.0, 0.0]], np.float32)
-  out = loss_lib.diffusion_loss(
-      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
-  )
+  out = _loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
   accuracy = out.aux_metrics["accuracy"]
   assert float(accuracy.unreduced_sum) == 1.0
   assert float(accuracy.denominator) == 2.0
@@ -65,9 +70,7 @@ def test_bool_weights_and_token_cross_entropy():
   logits, targets, _ = _example(seed=1)
   mask = np.zeros(targets.shape, bool)
   mask[:, ::2] = True
-  out = loss_lib.diffusion_loss(
-      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask)
-  )
+  out = _loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask))
   total, count = _reference(logits, targets, mask.astype(np.float64))
   np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
   ce = loss_lib.token_cross_entropy(jnp.asarray(logits), jnp.asarray(targets))
@@ -81,7 +84,7 @@ def test_bool_weights_and_token_cross_entropy():
 def test_bf16_logits_give_float32_loss():
   logits, targets, weights = _example(seed=2)
   bf16 = jnp.asarray(logits, jnp.bfloat16)
-  out = loss_lib.diffusion_loss(bf16, jnp.asarray(targets), jnp.asarray(weights))
+  out = _loss(bf16, jnp.asarray(targets), jnp.asarray(weights))
   assert out.primary_loss.unreduced_sum.dtype == jnp.float32
   assert out.primary_loss.denominator.dtype == jnp.float32
   # Computed in float32 from the bf16-rounded logits.
@@ -92,11 +95,7 @@ def test_bf16_logits_give_float32_loss():
 def test_zero_total_weight_gives_zero_loss_and_zero_gradients():
   logits, targets, _ = _example(seed=3)
   weights = jnp.zeros(targets.shape, jnp.float32)
-
-  def mean_loss(x):
-    return loss_lib.diffusion_loss(x, jnp.asarray(targets), weights).primary_loss.compute()
-
-  value, grad = jax.value_and_grad(mean_loss)(jnp.asarray(logits))
+  value, grad = _mean_and_grad(jnp.asarray(logits), jnp.asarray(targets), weights)
   assert float(value) == 0.0
   assert np.isfinite(grad).all() and not np.asarray(grad).any()
 
@@ -108,13 +107,9 @@ def test_inactive_targets_may_hold_any_id(bad_id):
   weights = weights.copy()
   targets[1, :] = bad_id
   weights[1, :] = 0.0
-
-  def mean_loss(x):
-    return loss_lib.diffusion_loss(
-        x, jnp.asarray(targets), jnp.asarray(weights)
-    ).primary_loss.compute()
-
-  value, grad = jax.value_and_grad(mean_loss)(jnp.asarray(logits))
+  value, grad = _mean_and_grad(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  )
   assert np.isfinite(value) and np.isfinite(grad).all()
   total, count = _reference(logits[:1], targets[:1], weights[:1])
   np.testing.assert_allclose(value, total / count, rtol=1e-5)
@@ -125,12 +120,12 @@ def test_halves_sum_to_the_whole_batch_mean():
   logits, targets, weights = _example(seed=5)
   weights[1, :4] = 0.0  # uneven target counts in the two halves.
   parts = [
-      loss_lib.diffusion_loss(
+      _loss(
           jnp.asarray(logits[s]), jnp.asarray(targets[s]), jnp.asarray(weights[s])
       ).primary_loss
       for s in (slice(0, 1), slice(1, 2))
   ]
-  whole = loss_lib.diffusion_loss(
+  whole = _loss(
       jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
   ).primary_loss
   combined = compat.WeightedMetric(
@@ -147,13 +142,10 @@ def test_gradient_matches_softmax_minus_one_hot():
   weights[:] = 0.0
   weights[0, :3] = [2.0, 0.0, 1.0]
   weights[1, 5] = 1.0
-
-  def mean_loss(x):
-    return loss_lib.diffusion_loss(
-        x, jnp.asarray(targets), jnp.asarray(weights)
-    ).primary_loss.compute()
-
-  grad = np.asarray(jax.grad(mean_loss)(jnp.asarray(logits)))
+  _, grad = _mean_and_grad(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  )
+  grad = np.asarray(grad)
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   onehot = np.eye(logits.shape[-1])[targets]
@@ -173,15 +165,3 @@ def test_bad_shapes_and_dtypes_raise():
     loss_lib.diffusion_loss(logits, targets, jnp.ones((2, 4)))
   with pytest.raises(TypeError, match=r"targets must have an integer dtype"):
     loss_lib.diffusion_loss(logits, jnp.zeros((2, 3)), weights)
-
-
-def test_loss_is_jittable():
-  logits, targets, weights = _example(seed=7)
-  fn = jax.jit(lambda *a: loss_lib.diffusion_loss(*a).primary_loss.compute())
-  np.testing.assert_allclose(
-      fn(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)),
-      loss_lib.diffusion_loss(
-          jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
-      ).primary_loss.compute(),
-      rtol=1e-6,
-  )
