@@ -1,0 +1,249 @@
+"""Tests for exact block-KV-cached generation (DESIGN.md 5.4, 5.5)."""
+
+import functools
+import importlib.util
+import pathlib
+import sys
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import modeling
+from tunix_blockdiff import tiny_models
+from tunix_blockdiff.rollout import cached
+
+_spec = importlib.util.spec_from_file_location(
+    "rollout_numpy_reference",
+    pathlib.Path(__file__).with_name("numpy_reference.py"),
+)
+ref = sys.modules.get(_spec.name)
+if ref is None:
+  ref = importlib.util.module_from_spec(_spec)
+  sys.modules[_spec.name] = ref
+  _spec.loader.exec_module(ref)
+
+VOCAB, MASK = 64, 63
+PROMPT_WIDTH, NEW_TOKENS, BLOCK = 11, 13, 4
+
+
+@functools.lru_cache(maxsize=None)
+def _model(name):
+  if name == "qwen3":
+    return tiny_models.tiny_qwen3(VOCAB, seed=0)
+  return tiny_models.tiny_llama3(VOCAB, seed=0)
+
+
+def _prompts(lengths, seed=0):
+  """Left-padded prompts; the padding holds junk tokens that must not matter."""
+  rs = np.random.RandomState(seed)
+  return rs.randint(0, MASK, size=(len(lengths), PROMPT_WIDTH)), np.array(lengths)
+
+
+# (model, config, prompt lengths). Prompt lengths mix a full-width prompt, a
+# multiple of the block, lengths that end mid-block and (same_position only)
+# an empty prompt; 13 new tokens give every row a partial final block. EOS
+# ids are tokens these tiny models emit often, so EOS really triggers (the
+# tests check it does).
+CASES = {
+    "qwen3-threshold-eos": (
+        "qwen3",
+        config_lib.DenoiseConfig(
+            block_size=BLOCK, mask_token_id=MASK, threshold=0.1, eos_token_id=25,
+            pad_token_id=0,
+        ),
+        [11, 0, 8, 5],
+    ),
+    "qwen3-static-sampled-shifted": (
+        "qwen3",
+        config_lib.DenoiseConfig(
+            block_size=BLOCK, mask_token_id=MASK, steps_per_block=2,
+            temperature=1.0, top_k=10, alignment="shifted",
+        ),
+        [11, 3, 8, 1],
+    ),
+    "llama3-threshold-eos-shifted": (
+        "llama3",
+        config_lib.DenoiseConfig(
+            block_size=BLOCK, mask_token_id=MASK, threshold=0.05, eos_token_id=13,
+            alignment="shifted",
+        ),
+        [11, 3, 8, 5],
+    ),
+    "llama3-static": (
+        "llama3",
+        config_lib.DenoiseConfig(block_size=BLOCK, mask_token_id=MASK, steps_per_block=3),
+        [4, 9, 2, 11],
+    ),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _generated(case, use_cache):
+  name, config, lengths = CASES[case]
+  prompts, lengths = _prompts(lengths)
+  return cached.generate(
+      _model(name), prompts, lengths, config, max_new_tokens=NEW_TOKENS,
+      rng=jax.random.key(3), use_cache=use_cache,
+  )
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_cached_equals_cacheless(case):
+  fast = _generated(case, True)
+  slow = _generated(case, False)
+  for name in ("tokens", "commit_step", "trace_tokens", "trace_commit_step"):
+    np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+  assert int(fast.num_steps) == int(slow.num_steps)
+  np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-4)
+  np.testing.assert_allclose(fast.trace_logprobs, slow.trace_logprobs, atol=1e-4)
+  # Every row committed all of its slots (or stopped at EOS); no mask token out.
+  tokens, steps = np.asarray(fast.tokens), np.asarray(fast.commit_step)
+  assert not np.any(tokens == MASK)
+  config = CASES[case][1]
+  if config.eos_token_id is None:
+    assert np.all(steps >= 0)
+  else:
+    padded = steps < 0
+    assert padded.any(), "EOS never triggered: pick another eos_token_id"
+    for b in range(tokens.shape[0]):
+      if padded[b].any():
+        first = np.argmax(tokens[b] == config.eos_token_id)
+        assert np.all(padded[b, first + 1 :]) and not padded[b, : first + 1].any()
+        np.testing.assert_array_equal(tokens[b, first + 1 :], config.pad_token_id)
+
+
+@functools.lru_cache(maxsize=None)
+def _scorer(model_name, alignment):
+  """Jitted full-sequence block-causal logits of many canvases at once."""
+  model = _model(model_name)
+
+  @jax.jit
+  def score(tokens, positions, validity):
+    return modeling.block_diffusion_logits(
+        model, tokens, positions, block_size=BLOCK, alignment=alignment,
+        validity=validity,
+    )
+
+  return score
+
+
+@pytest.mark.parametrize(
+    "case", ["qwen3-threshold-eos", "qwen3-static-sampled-shifted"]
+)
+def test_recorded_logprobs_equal_fresh_scoring_of_each_step(case):
+  name, config, _ = CASES[case]
+  result = _generated(case, True)
+  _, positions, validity, completion = result.sequence()
+  num_steps = int(result.num_steps)
+  # Rebuild every step's canvas from the trace and score them in one pass.
+  canvases = jnp.concatenate(
+      [result.canvas_at(step, MASK) for step in range(num_steps)], axis=0
+  )
+  tile = lambda x: jnp.tile(x, (num_steps, 1))
+  logits = np.asarray(
+      _scorer(name, config.alignment)(canvases, tile(positions), tile(validity))
+  ).reshape((num_steps,) + result.tokens.shape[:1] + canvases.shape[1:] + (VOCAB,))
+  steps = np.asarray(result.trace_commit_step)
+  tokens = np.asarray(result.trace_tokens)
+  recorded = np.asarray(result.trace_logprobs)
+  start = PROMPT_WIDTH
+  checked = 0
+  for b, n in zip(*np.nonzero(steps >= 0)):
+    law, _ = ref.proposal_distribution(logits[steps[b, n], b, start + n], config)
+    np.testing.assert_allclose(recorded[b, n], law[tokens[b, n]], atol=1e-4)
+    checked += 1
+  assert checked == (steps >= 0).sum() > 0
+
+
+def test_sequence_layout_and_canvas_at():
+  result = _generated("qwen3-threshold-eos", True)
+  tokens, positions, validity, completion = map(np.asarray, result.sequence())
+  lengths = np.asarray(result.prompt_lengths)
+  for b, length in enumerate(lengths):
+    pad = PROMPT_WIDTH - length
+    assert not validity[b, :pad].any() and validity[b, pad:].all()
+    np.testing.assert_array_equal(
+        positions[b, pad:], np.arange(length + NEW_TOKENS)
+    )
+  np.testing.assert_array_equal(tokens[:, PROMPT_WIDTH:], result.tokens)
+  assert completion[:, PROMPT_WIDTH:].all() and not completion[:, :PROMPT_WIDTH].any()
+  first = np.asarray(result.canvas_at(0, MASK))
+  np.testing.assert_array_equal(first[:, PROMPT_WIDTH:], MASK)
+  last = np.asarray(result.canvas_at(int(result.num_steps), MASK))
+  committed = np.asarray(result.trace_commit_step) >= 0
+  np.testing.assert_array_equal(
+      last[:, PROMPT_WIDTH:][committed], np.asarray(result.trace_tokens)[committed]
+  )
+
+
+def test_program_is_compiled_once_and_takes_new_weights():
+  name, config, lengths = CASES["llama3-static"]
+  model = _model(name)
+  before = _generated("llama3-static", True)
+  prompts, lengths = _prompts(lengths)
+  program = cached._PROGRAMS[model][(config, NEW_TOKENS, True)][1]
+  # New prompts, same shapes: no retrace.
+  other = cached.generate(
+      model, prompts[::-1], lengths[::-1], config, max_new_tokens=NEW_TOKENS
+  )
+  assert program._cache_size() == 1
+  assert not np.array_equal(other.tokens, before.tokens)
+  # Changed weights are passed in as arguments: new output, still one trace.
+  head = model.lm_head.w
+  original = head.value
+  try:
+    head.value = -original
+    flipped = cached.generate(
+        model, prompts, lengths, config, max_new_tokens=NEW_TOKENS
+    )
+  finally:
+    head.value = original
+  assert program._cache_size() == 1
+  assert not np.array_equal(flipped.tokens, before.tokens)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(prompt_tokens=np.zeros((4,), np.int32)), ValueError, "prompt_tokens must have shape"),
+        (dict(prompt_tokens=np.zeros((4, 11), np.float32)), TypeError, "integer dtype"),
+        (dict(prompt_lengths=np.array([1, 2, 3])), ValueError, "prompt_lengths must have shape"),
+        (dict(prompt_lengths=np.array([1, 2, 3, 12])), ValueError, "prompt_lengths must lie"),
+        (dict(prompt_lengths=np.array([1, 2, 3, -1])), ValueError, "prompt_lengths must lie"),
+        (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+        (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
+        (dict(config=dict(block_size=4)), TypeError, "DenoiseConfig"),
+        (
+            dict(config=config_lib.DenoiseConfig(block_size=4, mask_token_id=MASK, temperature=1.0)),
+            ValueError,
+            "rng",
+        ),
+        (
+            dict(
+                config=config_lib.DenoiseConfig(
+                    block_size=4, mask_token_id=MASK, alignment="shifted"
+                ),
+                prompt_lengths=np.array([0, 2, 3, 4]),
+            ),
+            ValueError,
+            "shifted",
+        ),
+    ],
+)
+def test_generate_validation(kwargs, error, match):
+  args = dict(
+      prompt_tokens=np.zeros((4, 11), np.int32),
+      prompt_lengths=np.array([1, 2, 3, 4]),
+      config=config_lib.DenoiseConfig(block_size=4, mask_token_id=MASK),
+      max_new_tokens=5,
+  )
+  args.update(kwargs)
+  with pytest.raises(error, match=match):
+    cached.generate(
+        _model("qwen3"), args["prompt_tokens"], args["prompt_lengths"],
+        args["config"], max_new_tokens=args["max_new_tokens"],
+    )
