@@ -165,3 +165,19 @@ def test_bad_shapes_and_dtypes_raise():
     loss_lib.diffusion_loss(logits, targets, jnp.ones((2, 4)))
   with pytest.raises(TypeError, match=r"targets must have an integer dtype"):
     loss_lib.diffusion_loss(logits, jnp.zeros((2, 3)), weights)
+
+
+def test_non_finite_logits_at_inactive_slots_do_not_leak_into_the_value():
+  # E.g. a padded slot whose bf16 logits overflowed: its CE is NaN, but it
+  # carries no weight, so the loss must not see it.
+  logits, targets, weights = _example(seed=8)
+  logits = logits.copy()
+  weights = weights.copy()
+  logits[1, 2] = np.nan
+  logits[1, 3] = -np.inf
+  weights[1, 2:4] = 0.0
+  out = _loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  total, count = _reference(
+      np.nan_to_num(logits, nan=0.0, neginf=0.0), targets, weights
+  )
+  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
