@@ -214,6 +214,27 @@ def test_block_causal_mask_is_jittable():
   np.testing.assert_array_equal(mask, reference_block_causal(pos, pos, 4))
 
 
+def test_masks_build_no_float_intermediates():
+  """Masks stay boolean/int all the way (no float L x L scratch arrays)."""
+  pos = jnp.arange(16)[None]
+  seg = jnp.zeros((1, 16), jnp.int32)
+  valid = jnp.ones((1, 16), bool)
+  programs = [
+      jax.make_jaxpr(
+          lambda p, s, v: masks.block_causal_mask(
+              p, p, 4, q_segment_ids=s, kv_segment_ids=s, kv_valid=v
+          )
+      )(pos, seg, valid),
+      jax.make_jaxpr(
+          lambda p, s, v: masks.two_stream_mask(p, 4, segment_ids=s, valid=v)
+      )(pos, seg, valid),
+  ]
+  for program in programs:
+    for eqn in program.jaxpr.eqns:
+      for var in eqn.outvars:
+        assert not jnp.issubdtype(var.aval.dtype, jnp.floating), eqn
+
+
 def test_two_stream_quadrants():
   block_size, length = 2, 6
   pos = np.arange(length)
