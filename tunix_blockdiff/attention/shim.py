@@ -459,9 +459,8 @@ def block_diffusion_logits(
         validity=validity,
         cp_size=cp_size,
     )
-    traced = any(
-        isinstance(x, jax.core.Tracer) for x in (positions, segment_ids, validity)
-    )
+    # Inside jit even constant inputs give a traced answer; decide on it.
+    traced = isinstance(matches, jax.core.Tracer)
     if mask_mode == "static":
       if not traced and not bool(matches):
         raise ValueError(

@@ -483,10 +483,6 @@ def dynamic_splash_attention(
   return _mark_dynamic(kernel)(query, key, value)
 
 
-def _is_traced(*values) -> bool:
-  return any(isinstance(v, jax.core.Tracer) for v in values if v is not None)
-
-
 def splash_attention(
     query: jax.Array,
     key: jax.Array,
@@ -599,7 +595,8 @@ def splash_attention(
   matches = static_mask_matches(
       positions, block_size, segment_ids=segment_ids, validity=validity, cp_size=cp_size
   )
-  traced = _is_traced(positions, segment_ids, validity)
+  # Inside jit even constant inputs give a traced answer; decide on it.
+  traced = isinstance(matches, jax.core.Tracer)
   if mask_mode == "static":
     if not traced and not bool(matches):
       raise ValueError(

@@ -40,12 +40,20 @@ def tokamax_available() -> bool:
 
 def _tokamax():
   try:
-    return importlib.import_module("tokamax")
+    tokamax = importlib.import_module("tokamax")
   except ImportError as error:
     raise ImportError(
         "The Tokamax attention path needs the `tokamax` package: pip install"
-        " 'tunix-blockdiff[tokamax]' (or pip install tokamax)"
+        " tokamax"
     ) from error
+  # Tokamax reads its options from absl flags and, if nobody parsed them,
+  # parses sys.argv itself, which fails under any other command line (pytest,
+  # a notebook kernel). Keep the defaults instead.
+  from absl import flags  # pylint: disable=g-import-not-at-top
+
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return tokamax
 
 
 def resolve_implementation(
