@@ -1,0 +1,541 @@
+"""Trajectory-exact policy log-probabilities of block-diffusion rollouts.
+
+A rollout's probability is the product, over its denoising steps, of the
+probabilities of the tokens committed at that step given the canvas of that
+step (DESIGN.md 5.5). The rollout records each token's commit step; this
+module rebuilds every step's canvas from those steps and scores all actions
+in one batched, differentiable forward pass:
+
+* Within a block, the steps that committed something are ranked 0, 1, ...
+  (a token's *rank* is the number of distinct earlier commit steps of its
+  block). At rank r, a block's canvas holds the tokens of ranks < r and the
+  mask token elsewhere; earlier blocks are clean; later blocks are unseen.
+* The two-stream mask (clean x0 | noised xt) gives every noised block exactly
+  that context, so one model call scores rank r for all blocks at once. The
+  R ranks (R <= block size) are stacked along the batch axis: one call of
+  batch R*B and length 2L scores every action of the rollout.
+
+The public names follow the Tunix diffusion proposals (google/tunix PRs
+#1743-#1749): `compute_diffusion_per_token_logps(model, batch, logits_fn,
+...)` scores a prepared `DiffusionTokenBatch` with a `DiffusionLogitsFn`.
+
+Shapes: B batch, P prompt slots (left padded), N completion slots,
+L = P + N, V vocabulary, R ranks.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, Mapping
+import weakref
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tunix_blockdiff import compat
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import modeling
+from tunix_blockdiff.attention import masks
+from tunix_blockdiff.rollout import denoise as denoise_lib
+
+# Floor on a scored log-probability. It never binds under the rollout's own
+# parameters (a committed token is always inside its step's top-k/top-p set);
+# after an update a token can leave that set, and the floor keeps its score
+# (and everything computed from it) finite.
+LOGP_FLOOR = -1e4
+NEVER_COMMITTED = -1
+
+
+def _is_concrete(*values) -> bool:
+  return not any(isinstance(v, jax.core.Tracer) for v in values)
+
+
+
+def prepare_trajectory_batch(
+    prompt_tokens,
+    prompt_mask,
+    completion_tokens,
+    commit_step,
+    *,
+    mask_token_id: int,
+    loss_weights=None,
+) -> compat.DiffusionTokenBatch:
+  """Packs a rollout into the `DiffusionTokenBatch` the scorer consumes.
+
+  Checks run here, before any compute (eagerly, on concrete arrays; inside a
+  `jit` only the static checks run).
+
+  Args:
+    prompt_tokens: int [B, P] left-padded prompts.
+    prompt_mask: bool [B, P] real prompt slots (a contiguous suffix per row).
+    completion_tokens: int [B, N] tokens as committed: completion slot j is
+      logical position `prompt_length + j`. Slots never committed may hold
+      any id.
+    commit_step: int [B, N] step that committed each slot, -1 where none did.
+    mask_token_id: The mask token id; no committed token may equal it.
+    loss_weights: Optional float [B, N] weights of the scored tokens
+      (default: 1 where committed). Must be 0 where nothing was committed.
+
+  Returns:
+    `DiffusionTokenBatch` with `model_inputs` = {prompt_tokens, prompt_mask,
+    completion_tokens, commit_step} (int32/bool), `target_ids` =
+    completion tokens [B, N] and `loss_weights` float32 [B, N].
+
+  Raises:
+    ValueError / TypeError: missing or malformed commit steps, shape or dtype
+      mismatches, committed mask tokens, holes in the prompt mask.
+  """
+  if commit_step is None:
+    raise ValueError(
+        "commit_step is required: trajectory-exact scoring rebuilds each"
+        " denoising step's canvas from the step that committed every token"
+        " (BlockDiffusionRollout returns it with each trajectory)"
+    )
+  prompt_tokens = _as_int_array("prompt_tokens", prompt_tokens)
+  completion_tokens = _as_int_array("completion_tokens", completion_tokens)
+  commit_step = _as_int_array("commit_step", commit_step)
+  if tuple(jnp.shape(prompt_mask)) != tuple(prompt_tokens.shape):
+    raise ValueError(
+        "prompt_mask must have the shape of prompt_tokens"
+        f" {tuple(prompt_tokens.shape)}, got {tuple(jnp.shape(prompt_mask))}"
+    )
+  if tuple(commit_step.shape) != tuple(completion_tokens.shape):
+    raise ValueError(
+        "commit_step must have the shape of completion_tokens"
+        f" {tuple(completion_tokens.shape)}, got {tuple(commit_step.shape)}"
+    )
+  if prompt_tokens.shape[0] != completion_tokens.shape[0]:
+    raise ValueError(
+        f"prompt_tokens has batch {prompt_tokens.shape[0]} but"
+        f" completion_tokens has batch {completion_tokens.shape[0]}"
+    )
+  if loss_weights is None:
+    loss_weights = (commit_step >= 0).astype(jnp.float32)
+  elif tuple(jnp.shape(loss_weights)) != tuple(completion_tokens.shape):
+    raise ValueError(
+        "loss_weights must have the shape of completion_tokens"
+        f" {tuple(completion_tokens.shape)}, got {tuple(jnp.shape(loss_weights))}"
+    )
+  if _is_concrete(prompt_mask, completion_tokens, commit_step, loss_weights):
+    steps = np.asarray(commit_step)
+    if np.any(steps < NEVER_COMMITTED):
+      raise ValueError("commit_step must be >= -1 (-1 = never committed)")
+    if np.any((steps >= 0) & (np.asarray(completion_tokens) == mask_token_id)):
+      raise ValueError(
+          "completion_tokens holds the mask token at a committed slot; pass"
+          " the tokens exactly as the rollout committed them"
+      )
+    if np.any((steps < 0) & (np.asarray(loss_weights) != 0)):
+      raise ValueError("loss_weights must be 0 where commit_step == -1")
+    present = np.asarray(prompt_mask).astype(bool)
+    if np.any(present[:, :-1] & ~present[:, 1:]):
+      raise ValueError(
+          "prompt_mask must mark a contiguous suffix of each row (left padding)"
+      )
+  return compat.DiffusionTokenBatch(
+      model_inputs={
+          "prompt_tokens": jnp.asarray(prompt_tokens, jnp.int32),
+          "prompt_mask": jnp.asarray(prompt_mask, jnp.bool_),
+          "completion_tokens": jnp.asarray(completion_tokens, jnp.int32),
+          "commit_step": jnp.asarray(commit_step, jnp.int32),
+      },
+      target_ids=jnp.asarray(completion_tokens, jnp.int32),
+      loss_weights=jnp.asarray(loss_weights, jnp.float32),
+  )
+
+
+def _as_int_array(name: str, value):
+  if not isinstance(value, (jax.Array, np.ndarray)):
+    value = np.asarray(value)
+  if value.ndim != 2:
+    raise ValueError(f"{name} must have shape [batch, length], got {value.shape}")
+  if not jnp.issubdtype(value.dtype, jnp.integer):
+    raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
+  return value
+
+
+def sequence_layout(
+    model_inputs: Mapping[str, jax.Array], mask_token_id: int
+) -> dict[str, jax.Array]:
+  """The full-sequence view `[prompt | completion]` of a trajectory batch.
+
+  Args:
+    model_inputs: From `prepare_trajectory_batch`.
+    mask_token_id: Written into completion slots that were never committed.
+
+  Returns:
+    Dict of [B, L] arrays: `tokens` (clean sequence), `positions` (logical),
+    `validity`, `completion` (bool) and `commit_step` (-1 on prompt slots).
+  """
+  prompt_tokens = model_inputs["prompt_tokens"]
+  prompt_mask = model_inputs["prompt_mask"].astype(jnp.bool_)
+  completion_tokens = model_inputs["completion_tokens"]
+  commit_step = model_inputs["commit_step"]
+  batch, prompt_width = prompt_tokens.shape
+  num_new = completion_tokens.shape[1]
+  prompt_lengths = jnp.sum(prompt_mask, axis=1, dtype=jnp.int32)
+  prompt_positions = jnp.maximum(
+      jnp.cumsum(prompt_mask.astype(jnp.int32), axis=1) - 1, 0
+  )
+  completion_positions = prompt_lengths[:, None] + jnp.arange(
+      num_new, dtype=jnp.int32
+  )
+  committed = commit_step >= 0
+  return {
+      "tokens": jnp.concatenate(
+          [prompt_tokens, jnp.where(committed, completion_tokens, mask_token_id)],
+          axis=1,
+      ).astype(jnp.int32),
+      "positions": jnp.concatenate(
+          [prompt_positions, completion_positions], axis=1
+      ),
+      "validity": jnp.concatenate(
+          [prompt_mask, jnp.ones((batch, num_new), jnp.bool_)], axis=1
+      ),
+      "completion": jnp.concatenate(
+          [
+              jnp.zeros((batch, prompt_width), jnp.bool_),
+              jnp.ones((batch, num_new), jnp.bool_),
+          ],
+          axis=1,
+      ),
+      "commit_step": jnp.concatenate(
+          [
+              jnp.full((batch, prompt_width), NEVER_COMMITTED, jnp.int32),
+              commit_step.astype(jnp.int32),
+          ],
+          axis=1,
+      ),
+  }
+
+
+def commit_ranks(
+    commit_step: jax.Array, positions: jax.Array, block_size: int
+) -> jax.Array:
+  """Rank of each slot's commit step among its block's distinct commit steps.
+
+  Counting distinct earlier steps (not `step - first step of the block`)
+  keeps ranks dense even when a batched driver leaves a row idle for a step.
+
+  Args:
+    commit_step: int [B, L], -1 where never committed.
+    positions: int [B, L] logical positions (blocks are `pos // block_size`).
+    block_size: Slots per block.
+
+  Returns:
+    int32 [B, L]: the rank (0 where never committed).
+  """
+  block = positions // block_size
+  committed = commit_step >= 0
+  same_block = block[:, :, None] == block[:, None, :]
+  index = jnp.arange(commit_step.shape[1])
+  same_step = same_block & (commit_step[:, :, None] == commit_step[:, None, :])
+  # Slot j represents its step value if no earlier slot of its block shares it.
+  has_earlier_twin = jnp.any(
+      same_step & (index[None, None, :] < index[None, :, None]), axis=2
+  )
+  represents_step = committed & ~has_earlier_twin
+  earlier_steps = (
+      same_block
+      & represents_step[:, None, :]
+      & (commit_step[:, None, :] < commit_step[:, :, None])
+  )
+  ranks = jnp.sum(earlier_steps, axis=2, dtype=jnp.int32)
+  return jnp.where(committed, ranks, 0)
+
+
+def step_canvases(
+    layout: Mapping[str, jax.Array],
+    *,
+    block_size: int,
+    mask_token_id: int,
+    num_ranks: int,
+) -> tuple[jax.Array, jax.Array]:
+  """Every block's noised canvas at each within-block step rank.
+
+  Args:
+    layout: From `sequence_layout`.
+    block_size: Slots per block.
+    mask_token_id: The mask token id.
+    num_ranks: R, how many ranks to build.
+
+  Returns:
+    (noised int32 [R, B, L], ranks int32 [B, L]). At rank r a completion slot
+    holds its token iff it was committed at a rank < r of its block; prompt
+    slots are always clean.
+  """
+  completion = layout["completion"]
+  steps = layout["commit_step"]
+  ranks = commit_ranks(steps, layout["positions"], block_size)
+  rank_axis = jnp.arange(num_ranks, dtype=jnp.int32)[:, None, None]
+  visible = ~completion[None] | ((steps >= 0)[None] & (ranks[None] < rank_axis))
+  noised = jnp.where(visible, layout["tokens"][None], mask_token_id)
+  return noised.astype(jnp.int32), ranks
+
+
+def make_trajectory_logits_fn(
+    *,
+    block_size: int,
+    mask_token_id: int,
+    alignment: str = "same_position",
+    max_steps_per_block: int | None = None,
+) -> Callable[[Any, Mapping[str, jax.Array]], jax.Array]:
+  """A `DiffusionLogitsFn` giving each completion slot its own step's logits.
+
+  One model call of batch R*B and length 2L (two-stream `[x0 | xt]`, one
+  noised stream per within-block step rank) scores every action.
+
+  Args:
+    block_size: Slots per block of the rollout.
+    mask_token_id: The mask token id.
+    alignment: `same_position` or `shifted`, as the rollout used.
+    max_steps_per_block: Static bound R on steps per block; default
+      `block_size`, which always suffices (each step commits at least one
+      slot of its block). A smaller R (e.g. the rollout's `steps_per_block`)
+      saves compute; a trajectory that needs more raises when checked
+      eagerly.
+
+  Returns:
+    `logits_fn(model, model_inputs) -> float32 [B, N, V]`: for completion
+    slot j, the target-aligned logits of the canvas of the step that
+    committed it (arbitrary where nothing was committed).
+  """
+  block_size = masks.check_block_size(block_size)
+  if alignment not in config_lib.ALIGNMENTS:
+    raise ValueError(
+        f"alignment must be one of {config_lib.ALIGNMENTS}, got {alignment!r}"
+    )
+  num_ranks = block_size if max_steps_per_block is None else max_steps_per_block
+  if (
+      isinstance(num_ranks, bool)
+      or not isinstance(num_ranks, numbers.Integral)
+      or num_ranks < 1
+  ):
+    raise ValueError(
+        f"max_steps_per_block must be an int >= 1, got {max_steps_per_block!r}"
+    )
+  num_ranks = min(int(num_ranks), block_size)
+
+  def logits_fn(model, model_inputs):
+    layout = sequence_layout(model_inputs, mask_token_id)
+    noised, ranks = step_canvases(
+        layout,
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        num_ranks=num_ranks,
+    )
+    if _is_concrete(ranks) and num_ranks < block_size:
+      if np.any(np.asarray((ranks >= num_ranks) & (layout["commit_step"] >= 0))):
+        raise ValueError(
+            f"a block took more than max_steps_per_block={num_ranks} steps;"
+            " raise it (block_size always suffices)"
+        )
+    batch, length = layout["tokens"].shape
+
+    def tile(x):
+      return jnp.broadcast_to(x[None], (num_ranks,) + x.shape).reshape(
+          (num_ranks * batch,) + x.shape[1:]
+      )
+
+    logits = modeling.two_stream_logits(
+        model,
+        tile(layout["tokens"]),
+        noised.reshape(num_ranks * batch, length),
+        tile(layout["positions"]),
+        block_size=block_size,
+        alignment=alignment,
+        validity=tile(layout["validity"]),
+    )
+    logits = logits.reshape((num_ranks, batch, length, logits.shape[-1]))
+    # Each slot keeps the logits of the rank (step) that committed it.
+    selected = jnp.take_along_axis(logits, ranks[None, :, :, None], axis=0)[0]
+    num_new = model_inputs["completion_tokens"].shape[1]
+    return selected[:, length - num_new :, :].astype(jnp.float32)
+
+  return logits_fn
+
+
+def compute_diffusion_per_token_logps(
+    model,
+    batch: compat.DiffusionTokenBatch,
+    logits_fn: Callable[[Any, Any], jax.Array],
+    *,
+    config: config_lib.DenoiseConfig,
+    stop_gradient: bool = True,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """Per-token log-probabilities of a prepared diffusion rollout.
+
+  The first three arguments follow the Tunix proposal (PRs #1743-#1749).
+  Where that proposal takes a `temperature`, this takes the rollout's whole
+  `DenoiseConfig`, because a block-diffusion rollout samples from the
+  proposal distribution of `denoise.proposal_log_probs`: mask token removed,
+  then temperature, top-k and top-p (greedy rollouts, temperature 0, are
+  scored under the plain softmax, which is their recorded confidence).
+  Scoring under that same distribution is what makes the scores reproduce
+  the rollout's log-probs, and what makes the GRPO ratio exactly 1 before
+  any update.
+
+  Args:
+    model: The policy (any model `logits_fn` accepts).
+    batch: Target-aligned batch; `loss_weights == 0` marks inactive slots.
+    logits_fn: `(model, batch.model_inputs) -> [B, N, V]` target-aligned
+      logits (e.g. `make_trajectory_logits_fn(...)`).
+    config: The rollout's `DenoiseConfig`.
+    stop_gradient: Detach the result from the model.
+    return_entropy: Also return each slot's proposal-distribution entropy.
+
+  Returns:
+    float32 [B, N] log-probabilities of `batch.target_ids` (0 at inactive
+    slots; a token outside the top-k/top-p set of fresh parameters scores
+    `LOGP_FLOOR` instead of -inf), and with `return_entropy` float32 [B, N]
+    entropies.
+  """
+  if not isinstance(config, config_lib.DenoiseConfig):
+    raise TypeError(f"config must be a DenoiseConfig, got {type(config).__name__}")
+  logits = logits_fn(model, batch.model_inputs)
+  targets = jnp.asarray(batch.target_ids)
+  if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(targets.shape):
+    raise ValueError(
+        f"logits_fn returned shape {tuple(logits.shape)}; expected [batch,"
+        f" length, vocab] with [batch, length] = {tuple(targets.shape)}"
+    )
+  if config.mask_token_id >= logits.shape[-1]:
+    raise ValueError(
+        f"config.mask_token_id={config.mask_token_id} is outside the"
+        f" vocabulary V={logits.shape[-1]}"
+    )
+  active = jnp.asarray(batch.loss_weights) != 0
+  # Inactive slots may carry any id or non-finite logits: neutralise them.
+  logits = jnp.where(active[..., None], logits.astype(jnp.float32), 0.0)
+  targets = jnp.where(active, targets, 0)
+  log_probs = denoise_lib.proposal_log_probs(logits, config)
+  logps = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
+  logps = jnp.where(active, jnp.maximum(logps, LOGP_FLOOR), 0.0)
+  if stop_gradient:
+    logps = jax.lax.stop_gradient(logps)
+  if not return_entropy:
+    return logps
+  probs = jnp.exp(log_probs)
+  # `where` before the product: 0 * -inf would poison values and gradients.
+  safe_log_probs = jnp.where(probs > 0, log_probs, 0.0)
+  entropy = -jnp.sum(probs * safe_log_probs, axis=-1)
+  entropy = jnp.where(active, entropy, 0.0)
+  if stop_gradient:
+    entropy = jax.lax.stop_gradient(entropy)
+  return logps, entropy
+
+
+def trajectory_logits_fn_for(config: config_lib.DenoiseConfig):
+  """`make_trajectory_logits_fn` for rollouts made with `config`."""
+  return make_trajectory_logits_fn(
+      block_size=config.block_size,
+      mask_token_id=config.mask_token_id,
+      alignment=config.alignment,
+      max_steps_per_block=config.steps_per_block,
+  )
+
+
+def score_trajectories(
+    model,
+    prompt_tokens,
+    prompt_mask,
+    completion_tokens,
+    commit_step,
+    config: config_lib.DenoiseConfig,
+    *,
+    stop_gradient: bool = True,
+    return_entropy: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+  """Trajectory-exact per-token log-probs of rollouts made with `config`.
+
+  Under the rollout's own parameters this reproduces the log-probs the
+  rollout recorded: same canvases, same proposal distribution.
+
+  Args:
+    model: Tunix causal LM used as a block-diffusion model.
+    prompt_tokens: int [B, P] left-padded prompts.
+    prompt_mask: bool [B, P].
+    completion_tokens: int [B, N] tokens as committed (the rollout's trace,
+      i.e. `GenerationResult.trace_tokens`).
+    commit_step: int [B, N], -1 where never committed
+      (`GenerationResult.trace_commit_step`).
+    config: The rollout's `DenoiseConfig`.
+    stop_gradient: Detach the result from the model.
+    return_entropy: Also return per-slot entropies.
+
+  Returns:
+    float32 [B, N] log-probs (0 where never committed), and optionally
+    float32 [B, N] entropies.
+  """
+  batch = prepare_trajectory_batch(
+      prompt_tokens,
+      prompt_mask,
+      completion_tokens,
+      commit_step,
+      mask_token_id=config.mask_token_id,
+  )
+  return compute_diffusion_per_token_logps(
+      model,
+      batch,
+      trajectory_logits_fn_for(config),
+      config=config,
+      stop_gradient=stop_gradient,
+      return_entropy=return_entropy,
+  )
+
+
+# model -> {config: (graphdef, jitted scorer)}; keyed by the model object (its
+# GraphDef is unhashable) and checked against the stored GraphDef per call.
+_SCORERS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _jitted_scorer(model, graphdef, config: config_lib.DenoiseConfig):
+  per_model = _SCORERS.setdefault(model, {})
+  entry = per_model.get(config)
+  if entry is not None and entry[0] == graphdef:
+    return entry[1]
+  logits_fn = trajectory_logits_fn_for(config)
+
+  def run(state, model_inputs, target_ids, loss_weights):
+    batch = compat.DiffusionTokenBatch(
+        model_inputs=model_inputs, target_ids=target_ids, loss_weights=loss_weights
+    )
+    return compute_diffusion_per_token_logps(
+        nnx.merge(graphdef, state), batch, logits_fn, config=config
+    )
+
+  jitted = jax.jit(run)
+  per_model[config] = (graphdef, jitted)
+  return jitted
+
+
+def score_trajectories_jit(
+    model,
+    prompt_tokens,
+    prompt_mask,
+    completion_tokens,
+    commit_step,
+    config: config_lib.DenoiseConfig,
+) -> jax.Array:
+  """`score_trajectories` (detached) as a cached compiled program.
+
+  Validates eagerly, then runs one program compiled per (model structure,
+  config, shapes); the model's current parameters are passed on each call,
+  so updated weights need no recompilation.
+
+  Returns:
+    float32 [B, N] log-probs, 0 where never committed.
+  """
+  batch = prepare_trajectory_batch(
+      prompt_tokens,
+      prompt_mask,
+      completion_tokens,
+      commit_step,
+      mask_token_id=config.mask_token_id,
+  )
+  graphdef, state = nnx.split(model)
+  program = _jitted_scorer(model, graphdef, config)
+  return program(state, batch.model_inputs, batch.target_ids, batch.loss_weights)

@@ -1,0 +1,455 @@
+"""`BlockDiffusionRollout`: the block-diffusion rollout engine for Tunix RL.
+
+A Tunix `BaseRollout`, so `RLCluster` builds it like any custom engine:
+
+    ClusterConfig(
+        rollout_engine=functools.partial(
+            BlockDiffusionRollout, block_size=4, threshold=0.9),
+        ...)
+
+`RLCluster` (google-tunix 0.1.7 and later) accepts a `BaseRollout` subclass or
+a `functools.partial` of one and calls it with `rollout_actor`, `tokenizer`
+(a `TokenizerAdapter`), `mesh` and the TRAIN `rollout_config`. Generation
+uses the exact block-KV-cached driver (`rollout/cached.py`); the sampling
+knobs (temperature, top-k, top-p, EOS, max tokens, prompt width, seed) come
+from Tunix's `RolloutConfig` of each call, the block-diffusion ones (block
+size, mask id, threshold, alignment, steps per block) from this engine.
+
+Besides Tunix's `RolloutOutput` fields (text and tokens cut at EOS, EOS
+excluded, per-token log-probs), `generate` returns a
+`BlockDiffusionRolloutOutput` carrying each rollout's denoising trace:
+every committed token and its commit step. Trajectory-exact scoring
+(`tunix_blockdiff.rl.scoring`) rebuilds each step's canvas from it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import numbers
+from typing import Any, Iterator, Optional, Tuple
+
+from absl import logging
+from flax import nnx
+import jax
+import jaxtyping
+import numpy as np
+from tunix.generate import tokenizer_adapter
+from tunix.rl import reshard
+from tunix.rl.rollout import base_rollout
+
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff.rl import scoring
+from tunix_blockdiff.rollout import cached
+
+
+@dataclasses.dataclass
+class BlockDiffusionRolloutOutput(base_rollout.RolloutOutput):
+  """`RolloutOutput` plus the denoising trace of every rollout.
+
+  Attributes:
+    trace_tokens: int32 [B, N] every committed token (also those committed
+      after EOS in its block), the mask token where none was.
+    commit_steps: int32 [B, N] the step that committed each slot, -1 where
+      none did.
+    trace_logprobs: float32 [B, N] the rollout's log-prob of each committed
+      token (0 where none was).
+    denoise_config: The `DenoiseConfig` the rollout used (for scoring).
+  """
+
+  trace_tokens: np.ndarray | None = None
+  commit_steps: np.ndarray | None = None
+  trace_logprobs: np.ndarray | None = None
+  denoise_config: config_lib.DenoiseConfig | None = None
+
+
+def concat_outputs(
+    outputs: list[BlockDiffusionRolloutOutput], *, pad_id: int
+) -> BlockDiffusionRolloutOutput:
+  """Concatenates micro-batch outputs along the batch axis.
+
+  Args:
+    outputs: Outputs of `BlockDiffusionRollout.generate` made with the same
+      `DenoiseConfig` and completion width.
+    pad_id: Left-pads prompts of different widths.
+  """
+  if not outputs:
+    raise ValueError("outputs must not be empty")
+  configs = {o.denoise_config for o in outputs}
+  if len(configs) != 1:
+    raise ValueError(f"outputs mix denoise configs: {configs}")
+  widths = {o.trace_tokens.shape[1] for o in outputs}
+  if len(widths) != 1:
+    raise ValueError(f"outputs mix completion widths: {sorted(widths)}")
+  prompt_width = max(o.left_padded_prompt_tokens.shape[1] for o in outputs)
+
+  def left_pad(x):
+    return np.pad(x, ((0, 0), (prompt_width - x.shape[1], 0)), constant_values=pad_id)
+
+  return BlockDiffusionRolloutOutput(
+      text=[t for o in outputs for t in o.text],
+      logits=[l for o in outputs for l in (o.logits or [])],
+      tokens=[t for o in outputs for t in o.tokens],
+      left_padded_prompt_tokens=np.concatenate(
+          [left_pad(o.left_padded_prompt_tokens) for o in outputs], axis=0
+      ),
+      logprobs=[l for o in outputs for l in (o.logprobs or [])],
+      trace_tokens=np.concatenate([o.trace_tokens for o in outputs], axis=0),
+      commit_steps=np.concatenate([o.commit_steps for o in outputs], axis=0),
+      trace_logprobs=np.concatenate([o.trace_logprobs for o in outputs], axis=0),
+      denoise_config=outputs[0].denoise_config,
+  )
+
+
+def _optional_positive_int(name: str, value) -> int | None:
+  if value is None:
+    return None
+  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+  if value < 1:
+    raise ValueError(f"{name} must be >= 1, got {value}")
+  return int(value)
+
+
+def _default_mask_id(tokenizer) -> int | None:
+  for name in ("mask_id", "mask_token_id"):
+    try:
+      value = getattr(tokenizer, name)
+    except AttributeError:
+      continue
+    value = value() if callable(value) else value
+    if value is not None:
+      return int(value)
+  return None
+
+
+def prompt_mask_from_tokens(prompt_tokens, pad_id: int) -> np.ndarray:
+  """bool [B, P]: slots from each row's first non-pad token on (left pad)."""
+  tokens = np.asarray(prompt_tokens)
+  return np.cumsum(tokens != pad_id, axis=1) > 0
+
+
+class BlockDiffusionRollout(base_rollout.BaseRollout):
+  """Tunix rollout engine that samples with block diffusion.
+
+  Constructed by `RLCluster` as
+  `engine(rollout_actor=, tokenizer=, mesh=, rollout_config=)`; bind the
+  block-diffusion options with `functools.partial`.
+
+  Attributes:
+    mesh: The rollout mesh (reported to `RLCluster`).
+  """
+
+  def __init__(
+      self,
+      rollout_actor: nnx.Module,
+      tokenizer: Any,
+      mesh: jax.sharding.Mesh | None = None,
+      rollout_config: base_rollout.RolloutConfig | None = None,
+      *,
+      block_size: int,
+      mask_token_id: int | None = None,
+      threshold: float = 0.9,
+      alignment: str = "same_position",
+      steps_per_block: int | None = None,
+      max_tokens_to_generate: int | None = None,
+      use_cache: bool = True,
+      seed: int = 0,
+  ):
+    """Builds the engine.
+
+    Args:
+      rollout_actor: The Tunix model to sample from (shared with the actor
+        when colocated).
+      tokenizer: A Tunix-compatible tokenizer (wrapped in `TokenizerAdapter`
+        if it is not one already).
+      mesh: Rollout mesh, if any.
+      rollout_config: Tunix `RolloutConfig` of TRAIN mode; its sampling knobs
+        define the default scoring distribution (`score_config`).
+      block_size: Slots per block.
+      mask_token_id: Mask token id; default `tokenizer.mask_id()` (or
+        `mask_token_id`) when the tokenizer has one.
+      threshold: Confidence threshold of the denoiser (DESIGN.md 5.3).
+      alignment: `same_position` or `shifted`.
+      steps_per_block: Optional static schedule.
+      max_tokens_to_generate: Overrides `RolloutConfig.max_tokens_to_generate`.
+      use_cache: Block-KV-cached driver (True) or cacheless `denoise`.
+      seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
+        every call folds in a call counter, so calls draw fresh noise.
+    """
+    if rollout_actor is None:
+      raise ValueError("rollout_actor (the model to sample from) is required")
+    if tokenizer is None:
+      raise ValueError("tokenizer is required")
+    if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
+      tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
+    self._model = rollout_actor
+    self._tokenizer = tokenizer
+    self.mesh = mesh
+    if mask_token_id is None:
+      mask_token_id = _default_mask_id(tokenizer)
+    if mask_token_id is None:
+      raise ValueError(
+          "mask_token_id is required: the tokenizer has no mask_id()/"
+          "mask_token_id"
+      )
+    # Validates the block-diffusion fields once, at construction.
+    self._base_config = config_lib.DenoiseConfig(
+        block_size=block_size,
+        mask_token_id=mask_token_id,
+        threshold=threshold,
+        alignment=alignment,
+        steps_per_block=steps_per_block,
+        eos_token_id=int(tokenizer.eos_id()),
+        pad_token_id=int(tokenizer.pad_id()),
+    )
+    self._max_tokens = _optional_positive_int(
+        "max_tokens_to_generate", max_tokens_to_generate
+    )
+    self._use_cache = bool(use_cache)
+    self._base_key = jax.random.key(seed)
+    self._calls = 0
+    self._recorders: list[list[BlockDiffusionRolloutOutput]] = []
+    self._train_rollout_config = rollout_config
+
+  # ---------------------------------------------------------------------------
+  # Configuration.
+  # ---------------------------------------------------------------------------
+
+  def denoise_config(
+      self, rollout_config: base_rollout.RolloutConfig | None = None
+  ) -> config_lib.DenoiseConfig:
+    """The `DenoiseConfig` a `generate` call with `rollout_config` uses."""
+    rollout_config = rollout_config or self._train_rollout_config
+    if rollout_config is None:
+      return self._base_config
+    top_k = rollout_config.top_k
+    if top_k is not None and top_k <= 0:  # Tunix: -1 means "all tokens".
+      top_k = None
+    top_p = rollout_config.top_p
+    if top_p is not None and top_p >= 1.0:
+      top_p = None
+    eos = self._base_config.eos_token_id
+    if rollout_config.eos_tokens:
+      if len(rollout_config.eos_tokens) != 1:
+        raise ValueError(
+            "BlockDiffusionRollout supports one EOS token; got eos_tokens="
+            f"{rollout_config.eos_tokens}"
+        )
+      eos = int(rollout_config.eos_tokens[0])
+    temperature = float(rollout_config.temperature)
+    return dataclasses.replace(
+        self._base_config,
+        temperature=temperature,
+        top_k=top_k if temperature > 0 else None,
+        top_p=top_p if temperature > 0 else None,
+        eos_token_id=eos,
+    )
+
+  @property
+  def score_config(self) -> config_lib.DenoiseConfig:
+    """The config of TRAIN rollouts: what their log-probs are defined under."""
+    return self.denoise_config(None)
+
+  def max_new_tokens(self, rollout_config: base_rollout.RolloutConfig) -> int:
+    return self._max_tokens or int(rollout_config.max_tokens_to_generate)
+
+  # ---------------------------------------------------------------------------
+  # Generation.
+  # ---------------------------------------------------------------------------
+
+  def tokenize_prompts(
+      self, prompts: list[str], max_prompt_length: int
+  ) -> tuple[np.ndarray, np.ndarray]:
+    """Left-padded prompt ids int32 [B, max_prompt_length] and lengths [B].
+
+    BOS is prepended when the tokenizer has one (as Tunix's sampler does);
+    prompts longer than `max_prompt_length` keep their last tokens.
+    """
+    bos = self._tokenizer.bos_id()
+    pad = self._tokenizer.pad_id()
+    rows = []
+    for text in prompts:
+      ids = list(self._tokenizer.encode(text))
+      if bos is not None and (not ids or ids[0] != bos):
+        ids = [bos] + ids
+      if len(ids) > max_prompt_length:
+        logging.warning(
+            "Prompt of %d tokens truncated to max_prompt_length=%d",
+            len(ids),
+            max_prompt_length,
+        )
+        ids = ids[-max_prompt_length:]
+      rows.append(ids)
+    tokens = np.full((len(rows), max_prompt_length), pad, np.int32)
+    lengths = np.zeros((len(rows),), np.int32)
+    for b, ids in enumerate(rows):
+      if ids:
+        tokens[b, max_prompt_length - len(ids) :] = ids
+      lengths[b] = len(ids)
+    return tokens, lengths
+
+  def _next_key(self, rollout_config: base_rollout.RolloutConfig) -> jax.Array:
+    seed = rollout_config.seed
+    if seed is None:
+      base = self._base_key
+    elif isinstance(seed, (int, np.integer)):
+      base = jax.random.key(int(seed))
+    else:
+      base = seed
+    key = jax.random.fold_in(base, self._calls)
+    self._calls += 1
+    return key
+
+  def generate(
+      self,
+      prompts: list[str],
+      rollout_config: base_rollout.RolloutConfig,
+      **kwargs,
+  ) -> BlockDiffusionRolloutOutput:
+    """Samples completions for `prompts` with block diffusion.
+
+    Args:
+      prompts: B prompt strings.
+      rollout_config: Tunix `RolloutConfig` (temperature, top-k, top-p, EOS,
+        max tokens, max prompt length, seed).
+      **kwargs: Unused (Tunix passes engine-specific extras).
+
+    Returns:
+      `BlockDiffusionRolloutOutput`: `tokens`/`logprobs` per row cut at the
+      first EOS (EOS excluded, like Tunix's sampler), `text`, the left-padded
+      prompts [B, P] and the denoising trace [B, N].
+    """
+    del kwargs
+    if not prompts:
+      raise ValueError("prompts must not be empty")
+    config = self.denoise_config(rollout_config)
+    prompt_tokens, lengths = self.tokenize_prompts(
+        list(prompts), int(rollout_config.max_prompt_length)
+    )
+    result = cached.generate(
+        self._model,
+        prompt_tokens,
+        lengths,
+        config,
+        max_new_tokens=self.max_new_tokens(rollout_config),
+        rng=self._next_key(rollout_config),
+        use_cache=self._use_cache,
+    )
+    tokens = np.asarray(result.tokens)
+    logprobs = np.asarray(result.logprobs)
+    out_tokens, out_logprobs, texts = [], [], []
+    for row, row_logprobs in zip(tokens, logprobs):
+      is_eos = row == config.eos_token_id
+      end = int(np.argmax(is_eos)) if is_eos.any() else row.shape[0]
+      out_tokens.append(row[:end])
+      out_logprobs.append(row_logprobs[:end])
+      texts.append(self._tokenizer.decode(row[:end].tolist()))
+    output = BlockDiffusionRolloutOutput(
+        text=texts,
+        logits=[],
+        tokens=out_tokens,
+        left_padded_prompt_tokens=prompt_tokens,
+        logprobs=out_logprobs,
+        trace_tokens=np.asarray(result.trace_tokens),
+        commit_steps=np.asarray(result.trace_commit_step),
+        trace_logprobs=np.asarray(result.trace_logprobs),
+        denoise_config=config,
+    )
+    for recorder in self._recorders:
+      recorder.append(output)
+    return output
+
+  @contextlib.contextmanager
+  def record_outputs(self) -> Iterator[list[BlockDiffusionRolloutOutput]]:
+    """Collects every `generate` output made inside the context.
+
+    `RLCluster.generate` merges micro-batch outputs into a plain
+    `RolloutOutput`, dropping the trace; `BlockDiffusionRLCluster` records
+    them here to keep it.
+    """
+    records: list[BlockDiffusionRolloutOutput] = []
+    self._recorders.append(records)
+    try:
+      yield records
+    finally:
+      self._recorders.remove(records)
+
+  # ---------------------------------------------------------------------------
+  # BaseRollout interface.
+  # ---------------------------------------------------------------------------
+
+  def get_per_token_logps(
+      self,
+      prompt_tokens: jax.Array,
+      completion_tokens: jax.Array,
+      commit_step: jax.Array | None = None,
+      *,
+      config: config_lib.DenoiseConfig | None = None,
+  ) -> jax.Array:
+    """Trajectory-exact log-probs of rollouts under the current parameters.
+
+    Args:
+      prompt_tokens: int [B, P] left-padded prompts.
+      completion_tokens: int [B, N] the rollout's trace tokens.
+      commit_step: int [B, N] commit steps (-1: never). Required: a
+        block-diffusion rollout's probability depends on the order its
+        tokens were committed, which the tokens alone do not tell.
+      config: The rollout's `DenoiseConfig` (default: `score_config`).
+
+    Returns:
+      float32 [B, N] log-probs, 0 where never committed.
+    """
+    if commit_step is None:
+      raise ValueError(
+          "commit_step is required: a block-diffusion rollout is scored from"
+          " the step that committed each token (use BlockDiffusionGRPOLearner"
+          " or pass BlockDiffusionRolloutOutput.commit_steps)"
+      )
+    config = config or self.score_config
+    return scoring.score_trajectories_jit(
+        self._model,
+        prompt_tokens,
+        prompt_mask_from_tokens(prompt_tokens, self.pad_id()),
+        completion_tokens,
+        commit_step,
+        config,
+    )
+
+  def update_params(
+      self,
+      params: jaxtyping.PyTree,
+      filter_types: Optional[Tuple[Any, ...]] = None,
+  ) -> None:
+    """Loads new parameters into the rollout model (in place).
+
+    Args:
+      params: An `nnx.State` (or subset) of the actor's parameters.
+      filter_types: The variable types `params` holds; when given, `params`
+        is resharded onto the rollout model's shardings and cast to its
+        dtypes first.
+    """
+    if filter_types is not None:
+      target = nnx.state(self._model, *filter_types)
+      params = reshard.reshard_pytree(params, target)
+      params = jax.tree.map(
+          lambda new, old: new.astype(old.dtype)
+          if hasattr(new, "astype") and new.dtype != old.dtype
+          else new,
+          params,
+          target,
+      )
+    nnx.update(self._model, params)
+
+  def pad_id(self) -> int:
+    return int(self._tokenizer.pad_id())
+
+  def eos_id(self) -> int:
+    return int(self.score_config.eos_token_id)
+
+  def model(self) -> nnx.Module:
+    return self._model
+
+  @property
+  def tokenizer(self) -> tokenizer_adapter.TokenizerAdapter:
+    return self._tokenizer
