@@ -53,7 +53,7 @@ def test_fallback_fields_are_identical_to_tunix_main():
 
 def test_tunix_release_flags_reflect_installed_tunix():
   try:
-    from tunix.sft.utils import LossOutput  # noqa: F401 pytype: disable=import-error
+    from tunix.sft.utils import LossOutput  # noqa: F401
 
     has_loss_output = True
   except ImportError:
@@ -100,8 +100,16 @@ def test_diffusion_token_batch_create_accepts_valid_batch():
     [
         ({"target_ids": np.zeros((10,), np.int32)}, ValueError, r"target_ids"),
         ({"target_ids": np.zeros((2, 5), np.float32)}, TypeError, r"integer"),
-        ({"loss_weights": np.ones((2, 4), np.float32)}, ValueError, r"loss_weights"),
-        ({"model_inputs": {"tokens": np.zeros((3, 5), np.int32)}}, ValueError, r"batch"),
+        (
+            {"loss_weights": np.ones((2, 4), np.float32)},
+            ValueError,
+            r"loss_weights",
+        ),
+        (
+            {"model_inputs": {"tokens": np.zeros((3, 5), np.int32)}},
+            ValueError,
+            r"batch",
+        ),
         ({"model_inputs": {}}, ValueError, r"model_inputs"),
     ],
 )

@@ -1,4 +1,4 @@
-"""Tests for the frozen, validated configs (BlockDiffusionConfig, DenoiseConfig)."""
+"""Tests for the frozen, validated BlockDiffusionConfig and DenoiseConfig."""
 
 import dataclasses
 
@@ -77,7 +77,9 @@ def test_unknown_alignment_or_canvas_raise_naming_field():
 def test_seed_and_mask_needs_block_size_two():
   with pytest.raises(ValueError, match=r"block_size must be >= 2"):
     BlockDiffusionConfig(
-        block_size=1, mask_token_id=0, alignment="shifted",
+        block_size=1,
+        mask_token_id=0,
+        alignment="shifted",
         canvas="seed_and_mask",
     )
   # block_size=1 is fine for all_masked (causal training).
@@ -86,7 +88,9 @@ def test_seed_and_mask_needs_block_size_two():
 
 @pytest.mark.parametrize("min_noise", [0.0, -0.5, 1.0001, 2.0])
 def test_min_noise_out_of_range_raises_naming_field(min_noise):
-  with pytest.raises(ValueError, match=r"min_noise must satisfy 0 < min_noise <= 1"):
+  with pytest.raises(
+      ValueError, match=r"min_noise must satisfy 0 < min_noise <= 1"
+  ):
     BlockDiffusionConfig(block_size=4, mask_token_id=0, min_noise=min_noise)
 
 
@@ -107,7 +111,9 @@ def test_unknown_stream_and_loss_weighting_raise_naming_field():
     BlockDiffusionConfig(block_size=4, mask_token_id=0, stream="three_stream")
   with pytest.raises(ValueError, match=r"loss_weighting must be one of"):
     BlockDiffusionConfig(block_size=4, mask_token_id=0, loss_weighting="t2")
-  assert BlockDiffusionConfig(4, 0, loss_weighting="elbo").loss_weighting == "elbo"
+  assert (
+      BlockDiffusionConfig(4, 0, loss_weighting="elbo").loss_weighting == "elbo"
+  )
 
 
 def test_configs_are_frozen_and_hashable():
@@ -118,7 +124,9 @@ def test_configs_are_frozen_and_hashable():
   with pytest.raises(dataclasses.FrozenInstanceError):
     denoise.threshold = 0.5  # type: ignore[misc]
   # Usable as a static jit argument / dict key.
-  assert hash(config) == hash(BlockDiffusionConfig(block_size=4, mask_token_id=0))
+  assert hash(config) == hash(
+      BlockDiffusionConfig(block_size=4, mask_token_id=0)
+  )
   assert config == BlockDiffusionConfig(block_size=4, mask_token_id=0)
 
 
@@ -135,12 +143,17 @@ def test_denoise_defaults_match_design():
 
 @pytest.mark.parametrize("threshold", [0.0, -0.1, 1.5])
 def test_threshold_out_of_range_raises_naming_field(threshold):
-  with pytest.raises(ValueError, match=r"threshold must satisfy 0 < threshold <= 1"):
+  with pytest.raises(
+      ValueError, match=r"threshold must satisfy 0 < threshold <= 1"
+  ):
     DenoiseConfig(block_size=4, mask_token_id=0, threshold=threshold)
 
 
 def test_threshold_one_is_allowed():
-  assert DenoiseConfig(block_size=4, mask_token_id=0, threshold=1.0).threshold == 1.0
+  assert (
+      DenoiseConfig(block_size=4, mask_token_id=0, threshold=1.0).threshold
+      == 1.0
+  )
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,6 @@ from tunix_blockdiff.objective import alignment as alignment_lib
 VOCAB, LENGTH, BLOCK = 32, 8, 2
 
 
-
 @pytest.fixture(scope="module")
 def model():
   return tiny_models.tiny_qwen3(vocab_size=VOCAB, seed=0)
@@ -32,8 +31,10 @@ def batch():
   segments = np.array([[0] * 6 + [1, 1], [0, 0, 0, 1, 1, 1, 1, 1]])
   validity = np.array([[1] * 6 + [0, 0], [1] * 8], bool)
   return (
-      jnp.asarray(tokens), jnp.asarray(positions, jnp.int32),
-      jnp.asarray(segments, jnp.int32), jnp.asarray(validity),
+      jnp.asarray(tokens),
+      jnp.asarray(positions, jnp.int32),
+      jnp.asarray(segments, jnp.int32),
+      jnp.asarray(validity),
   )
 
 
@@ -45,8 +46,12 @@ def single_stream(model, batch):
   @jax.jit
   def run(tokens, positions, segments, validity):
     mask = masks.block_causal_mask(
-        positions, positions, BLOCK, q_segment_ids=segments,
-        kv_segment_ids=segments, kv_valid=validity,
+        positions,
+        positions,
+        BLOCK,
+        q_segment_ids=segments,
+        kv_segment_ids=segments,
+        kv_valid=validity,
     )
     manual = modeling.call_model(model, tokens, positions, mask)
     out = {}
@@ -55,11 +60,19 @@ def single_stream(model, batch):
           manual, alignment, positions, validity, segment_ids=segments
       )
       out["function", alignment] = modeling.block_diffusion_logits(
-          model, tokens, positions, block_size=BLOCK, alignment=alignment,
-          validity=validity, segment_ids=segments,
+          model,
+          tokens,
+          positions,
+          block_size=BLOCK,
+          alignment=alignment,
+          validity=validity,
+          segment_ids=segments,
       )
       out["logits_fn", alignment] = modeling.make_logits_fn(
-          model, block_size=BLOCK, alignment=alignment, validity=validity,
+          model,
+          block_size=BLOCK,
+          alignment=alignment,
+          validity=validity,
           segment_ids=segments,
       )(tokens, positions)
     return out
@@ -92,7 +105,8 @@ def test_shifted_logits_are_same_position_logits_moved_by_position(
       single_stream["function", "shifted"],
       np.take_along_axis(
           np.asarray(single_stream["function", "same_position"]),
-          np.asarray(source)[:, :, None], axis=1,
+          np.asarray(source)[:, :, None],
+          axis=1,
       ),
       atol=1e-6,
   )
@@ -139,12 +153,22 @@ def two_stream_case(model, batch):
     out = {}
     for alignment in ("same_position", "shifted"):
       out["two", alignment] = modeling.two_stream_logits(
-          model, clean, noised, positions, block_size=BLOCK,
-          alignment=alignment, validity=validity, segment_ids=segments,
+          model,
+          clean,
+          noised,
+          positions,
+          block_size=BLOCK,
+          alignment=alignment,
+          validity=validity,
+          segment_ids=segments,
       )
       out["single", alignment] = modeling.block_diffusion_logits(
-          model, canvases, tile(positions), block_size=BLOCK,
-          alignment=alignment, validity=tile(validity),
+          model,
+          canvases,
+          tile(positions),
+          block_size=BLOCK,
+          alignment=alignment,
+          validity=tile(validity),
           segment_ids=tile(segments),
       ).reshape(num_blocks, 2, LENGTH, VOCAB)
     return out
@@ -169,7 +193,10 @@ def test_two_stream_equals_single_stream_on_clean_prefix_canvas(
       if valid[row, slot]:
         k = block[row, slot]
         np.testing.assert_allclose(
-            two_stream[row, slot], single[k, row, slot], atol=1e-5, rtol=1e-5,
+            two_stream[row, slot],
+            single[k, row, slot],
+            atol=1e-5,
+            rtol=1e-5,
             err_msg=f"row {row} slot {slot} block {k}",
         )
         checked += 1

@@ -65,16 +65,24 @@ def test_block_causal_mask_signature_and_meaning():
 
 def test_context_parallel_signatures_and_meaning():
   assert list(_params(tbd.load_balance_order)) == ["seq_len", "cp_size"]
-  for fn in (tbd.reorder_for_context_parallel, tbd.restore_from_context_parallel):
+  for fn in (
+      tbd.reorder_for_context_parallel,
+      tbd.restore_from_context_parallel,
+  ):
     params = _params(fn)
     assert list(params) == ["x", "cp_size", "axis"]
     assert params["axis"].default == 1
   order = tbd.load_balance_order(8, 2)
   np.testing.assert_array_equal(order, [0, 1, 6, 7, 2, 3, 4, 5])
   x = np.arange(8)[None]
-  np.testing.assert_array_equal(tbd.reorder_for_context_parallel(x, 2)[0], order)
   np.testing.assert_array_equal(
-      tbd.restore_from_context_parallel(tbd.reorder_for_context_parallel(x, 2), 2), x
+      tbd.reorder_for_context_parallel(x, 2)[0], order
+  )
+  np.testing.assert_array_equal(
+      tbd.restore_from_context_parallel(
+          tbd.reorder_for_context_parallel(x, 2), 2
+      ),
+      x,
   )
 
 
@@ -82,10 +90,14 @@ def test_corrupt_signature_and_meaning():
   params = _params(tbd.corrupt)
   assert list(params)[:4] == ["tokens", "validity", "completion", "config"]
   assert params["seed"].kind == _KW and params["seed"].default is _EMPTY
-  config = tbd.BlockDiffusionConfig(block_size=2, mask_token_id=9, min_noise=1.0)
+  config = tbd.BlockDiffusionConfig(
+      block_size=2, mask_token_id=9, min_noise=1.0
+  )
   tokens = np.array([[1, 2, 3, 4]])
   completion = np.array([[False, False, True, True]])
-  result = tbd.corrupt(tokens, np.ones((1, 4), bool), completion, config, seed=0)
+  result = tbd.corrupt(
+      tokens, np.ones((1, 4), bool), completion, config, seed=0
+  )
   assert isinstance(result, tbd.CorruptionResult)
   np.testing.assert_array_equal(result.inputs, [[1, 2, 9, 9]])
   np.testing.assert_array_equal(result.loss_mask, completion)
@@ -100,15 +112,19 @@ def test_align_logits_signature_and_meaning():
   np.testing.assert_array_equal(
       tbd.align_logits(logits, "shifted")[0, :, 0], [0, 0, 1, 2]
   )
-  np.testing.assert_array_equal(tbd.align_logits(logits, "same_position"), logits)
+  np.testing.assert_array_equal(
+      tbd.align_logits(logits, "same_position"), logits
+  )
 
 
 def test_diffusion_loss_signature_and_meaning():
-  assert list(_params(tbd.diffusion_loss)) == ["logits", "targets", "loss_weights"]
+  assert list(_params(tbd.diffusion_loss)) == [
+      "logits",
+      "targets",
+      "loss_weights",
+  ]
   logits = jnp.zeros((1, 2, 4))
-  out = tbd.diffusion_loss(
-      logits, jnp.array([[1, 2]]), jnp.array([[1.0, 0.0]])
-  )
+  out = tbd.diffusion_loss(logits, jnp.array([[1, 2]]), jnp.array([[1.0, 0.0]]))
   assert isinstance(out, tbd.LossOutput)
   assert isinstance(out.primary_loss, tbd.WeightedMetric)
   np.testing.assert_allclose(out.primary_loss.compute(), np.log(4.0), rtol=1e-6)
@@ -127,8 +143,10 @@ def test_foundation_names_are_the_module_objects():
   assert tbd.block_causal_mask is masks.block_causal_mask
   assert tbd.two_stream_mask is masks.two_stream_mask
   assert tbd.load_balance_order is context_parallel.load_balance_order
-  assert (tbd.reorder_batch_for_context_parallel
-          is context_parallel.reorder_batch_for_context_parallel)
+  assert (
+      tbd.reorder_batch_for_context_parallel
+      is context_parallel.reorder_batch_for_context_parallel
+  )
   assert tbd.corrupt is corruption.corrupt
   assert tbd.build_two_stream_inputs is corruption.build_two_stream_inputs
   assert tbd.align_logits is alignment.align_logits
@@ -142,11 +160,21 @@ def test_foundation_names_are_the_module_objects():
 
 def test_all_lists_section_four_names():
   section_four = {
-      "BlockDiffusionConfig", "DenoiseConfig", "block_causal_mask",
-      "load_balance_order", "reorder_for_context_parallel",
-      "restore_from_context_parallel", "corrupt", "align_logits",
-      "diffusion_loss", "BlockDiffusionTrainer", "denoise", "DenoiseResult",
-      "generate", "BlockDiffusionRollout", "register",
+      "BlockDiffusionConfig",
+      "DenoiseConfig",
+      "block_causal_mask",
+      "load_balance_order",
+      "reorder_for_context_parallel",
+      "restore_from_context_parallel",
+      "corrupt",
+      "align_logits",
+      "diffusion_loss",
+      "BlockDiffusionTrainer",
+      "denoise",
+      "DenoiseResult",
+      "generate",
+      "BlockDiffusionRollout",
+      "register",
   }
   assert section_four <= set(tbd.__all__)
   # Eagerly imported names resolve without touching the lazy modules.

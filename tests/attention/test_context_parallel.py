@@ -51,7 +51,9 @@ def test_odd_cp_raises(cp_size):
 
 @pytest.mark.parametrize("seq_len, cp_size", [(6, 2), (10, 4), (12, 4)])
 def test_indivisible_length_raises(seq_len, cp_size):
-  with pytest.raises(ValueError, match=r"seq_len must be divisible by 2 \* cp_size"):
+  with pytest.raises(
+      ValueError, match=r"seq_len must be divisible by 2 \* cp_size"
+  ):
     cp_lib.load_balance_order(seq_len, cp_size)
   with pytest.raises(ValueError, match=r"seq_len must be divisible"):
     cp_lib.reorder_for_context_parallel(np.zeros((1, seq_len)), cp_size)
@@ -129,8 +131,14 @@ def test_reorder_batch_permutes_every_per_token_field_together():
   }
   out = cp_lib.reorder_batch_for_context_parallel(batch, 2)
   order = cp_lib.load_balance_order(8, 2)
-  for name in ("tokens", "positions", "segment_ids", "validity", "completion",
-               "loss_weights"):
+  for name in (
+      "tokens",
+      "positions",
+      "segment_ids",
+      "validity",
+      "completion",
+      "loss_weights",
+  ):
     np.testing.assert_array_equal(out[name], np.asarray(batch[name])[:, order])
   assert isinstance(out["loss_weights"], jax.Array)
   assert out["example_ids"] is batch["example_ids"]

@@ -161,7 +161,9 @@ def test_non_int_block_size_raises(block_size):
 
 
 def test_bad_positions_and_segments_raise():
-  with pytest.raises(TypeError, match=r"q_positions must have an integer dtype"):
+  with pytest.raises(
+      TypeError, match=r"q_positions must have an integer dtype"
+  ):
     masks.block_causal_mask(np.arange(4.0), np.arange(4), 2)
   with pytest.raises(ValueError, match=r"kv_positions must have shape"):
     masks.block_causal_mask(np.arange(4), np.zeros((1, 2, 4), np.int32), 2)
@@ -186,7 +188,9 @@ def test_block_size_one_is_causal():
 
 
 @pytest.mark.parametrize("block_size", [7, 8, 100])
-def test_block_size_at_least_length_is_bidirectional_within_document(block_size):
+def test_block_size_at_least_length_is_bidirectional_within_document(
+    block_size,
+):
   seg = np.array([[0, 0, 0, 1, 1, 1, 1]])
   pos = np.array([[0, 1, 2, 0, 1, 2, 3]])
   mask = np.asarray(
@@ -268,9 +272,7 @@ def test_two_stream_with_segments_and_padding_matches_reference():
       lambda p, s, v: masks.two_stream_mask(p, 2, segment_ids=s, valid=v)
   )(pos, seg, valid)
   assert mask.dtype == jnp.bool_ and mask.shape == (2, 16, 16)
-  np.testing.assert_array_equal(
-      mask, reference_two_stream(pos, 2, seg, valid)
-  )
+  np.testing.assert_array_equal(mask, reference_two_stream(pos, 2, seg, valid))
 
 
 def test_two_stream_rejects_mismatched_segments():
@@ -302,7 +304,9 @@ def _rows(draw, length=10):
       offset = draw(st.integers(0, 5))  # documents need not start at 0 mod B.
       pos[start:end] = np.arange(end - start) + offset
       seg[start:end] = doc
-    valid = np.array(draw(st.lists(st.booleans(), min_size=length, max_size=length)))
+    valid = np.array(
+        draw(st.lists(st.booleans(), min_size=length, max_size=length))
+    )
     perm = np.array(draw(st.permutations(list(range(length)))))
     rows_pos.append(pos)
     rows_seg.append(seg)
@@ -321,7 +325,11 @@ def _rows(draw, length=10):
 def test_property_block_causal_mask_matches_reference(data):
   pos, seg, valid, perm, block_size = data
   got = masks.block_causal_mask(
-      pos, pos, block_size, q_segment_ids=seg, kv_segment_ids=seg,
+      pos,
+      pos,
+      block_size,
+      q_segment_ids=seg,
+      kv_segment_ids=seg,
       kv_valid=valid,
   )
   expected = reference_block_causal(pos, pos, block_size, seg, seg, valid)
@@ -330,14 +338,16 @@ def test_property_block_causal_mask_matches_reference(data):
   take = lambda x: np.take_along_axis(x, perm, axis=1)
   got_perm = np.asarray(
       masks.block_causal_mask(
-          take(pos), take(pos), block_size, q_segment_ids=take(seg),
-          kv_segment_ids=take(seg), kv_valid=take(valid),
+          take(pos),
+          take(pos),
+          block_size,
+          q_segment_ids=take(seg),
+          kv_segment_ids=take(seg),
+          kv_valid=take(valid),
       )
   )
   for b in range(pos.shape[0]):
-    np.testing.assert_array_equal(
-        got_perm[b], expected[b][perm[b]][:, perm[b]]
-    )
+    np.testing.assert_array_equal(got_perm[b], expected[b][perm[b]][:, perm[b]])
 
 
 @given(_rows(length=7))

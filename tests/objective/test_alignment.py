@@ -22,8 +22,11 @@ def reference_source(positions, validity, segments):
       if not validity[b, i]:
         continue
       for j in range(length):
-        if (validity[b, j] and segments[b, j] == segments[b, i]
-            and positions[b, j] == positions[b, i] - 1):
+        if (
+            validity[b, j]
+            and segments[b, j] == segments[b, i]
+            and positions[b, j] == positions[b, i] - 1
+        ):
           out[b, i] = j
   return out
 
@@ -33,9 +36,7 @@ def test_same_position_is_identity():
   out = _align(logits, "same_position")
   np.testing.assert_array_equal(out, logits)
   # Positions are irrelevant for same_position.
-  out = _align(
-      logits, "same_position", positions=jnp.array([[3, 2, 1, 0]] * 2)
-  )
+  out = _align(logits, "same_position", positions=jnp.array([[3, 2, 1, 0]] * 2))
   np.testing.assert_array_equal(out, logits)
 
 
@@ -50,7 +51,9 @@ def test_shifted_follows_logical_positions_after_reordering():
   positions = jnp.array([[0, 3, 1, 2]], jnp.int32)
   logits = positions[..., None].astype(jnp.float32)
   out = _align(
-      logits, "shifted", positions=positions,
+      logits,
+      "shifted",
+      positions=positions,
       validity=jnp.ones_like(positions, bool),
   )
   np.testing.assert_array_equal(out[..., 0], [[0, 2, 0, 1]])
@@ -59,9 +62,7 @@ def test_shifted_follows_logical_positions_after_reordering():
 def test_shifted_defaults_to_all_valid():
   positions = jnp.array([[0, 3, 1, 2]], jnp.int32)
   logits = positions[..., None].astype(jnp.float32)
-  explicit = _align(
-      logits, "shifted", positions, jnp.ones((1, 4), bool)
-  )
+  explicit = _align(logits, "shifted", positions, jnp.ones((1, 4), bool))
   default = _align(logits, "shifted", positions)
   np.testing.assert_array_equal(default, explicit)
 
@@ -75,9 +76,7 @@ def test_padding_is_never_the_source_of_logical_position_one():
   # Left padding at logical position 0 before the real logical 0.
   positions = jnp.array([[0, 0, 0, 1, 2]], jnp.int32)
   validity = jnp.array([[0, 0, 1, 1, 1]], bool)
-  out = _align(
-      jnp.arange(5.0).reshape(1, 5, 1), "shifted", positions, validity
-  )
+  out = _align(jnp.arange(5.0).reshape(1, 5, 1), "shifted", positions, validity)
   np.testing.assert_array_equal(out[0, 2:, 0], [2, 2, 3])
 
 
@@ -85,9 +84,7 @@ def test_packed_segments_do_not_leak_across_documents():
   positions = jnp.array([[0, 1, 2, 0, 1, 2]], jnp.int32)
   segments = jnp.array([[0, 0, 0, 1, 1, 1]], jnp.int32)
   logits = jnp.arange(6.0).reshape(1, 6, 1)
-  out = _align(
-      logits, "shifted", positions, segment_ids=segments
-  )
+  out = _align(logits, "shifted", positions, segment_ids=segments)
   # Doc 1's logical 0 (physical 3) keeps its own logit, not doc 0's last.
   np.testing.assert_array_equal(out[0, :, 0], [0, 0, 1, 3, 3, 4])
 
@@ -97,7 +94,9 @@ def test_invalid_alignment_and_shapes_raise():
   with pytest.raises(ValueError, match=r"alignment must be one of"):
     alignment.align_logits(logits, "left")
   with pytest.raises(ValueError, match=r"positions must match logits"):
-    alignment.align_logits(logits, "shifted", positions=jnp.zeros((1, 3), jnp.int32))
+    alignment.align_logits(
+        logits, "shifted", positions=jnp.zeros((1, 3), jnp.int32)
+    )
   with pytest.raises(ValueError, match=r"validity must match logits"):
     alignment.align_logits(logits, "shifted", validity=jnp.ones((2, 4), bool))
   with pytest.raises(ValueError, match=r"segment_ids must match logits"):
@@ -109,9 +108,7 @@ def test_invalid_alignment_and_shapes_raise():
 
 
 def test_align_logits_is_jittable():
-  fn = jax.jit(
-      lambda x, p, v: alignment.align_logits(x, "shifted", p, v)
-  )
+  fn = jax.jit(lambda x, p, v: alignment.align_logits(x, "shifted", p, v))
   positions = jnp.array([[0, 3, 1, 2, 0, 0]], jnp.int32)
   validity = jnp.array([[1, 1, 1, 1, 0, 0]], bool)
   logits = jnp.arange(6.0).reshape(1, 6, 1)
@@ -147,19 +144,29 @@ def _rows(draw):
     start, doc = 0, 0
     while start < length:
       size = draw(st.integers(1, length - start))
-      positions[row, start:start + size] = np.arange(size)
-      segments[row, start:start + size] = doc
+      positions[row, start : start + size] = np.arange(size)
+      segments[row, start : start + size] = doc
       start, doc = start + size, doc + 1
     perm = np.array(draw(st.permutations(list(range(length)))))
     positions[row], segments[row] = positions[row, perm], segments[row, perm]
   validity = np.array(
-      draw(st.lists(st.lists(st.booleans(), min_size=length, max_size=length),
-                    min_size=batch, max_size=batch))
+      draw(
+          st.lists(
+              st.lists(st.booleans(), min_size=length, max_size=length),
+              min_size=batch,
+              max_size=batch,
+          )
+      )
   )
   # Padding slots get arbitrary positions, often colliding with real ones.
   junk = np.array(
-      draw(st.lists(st.lists(st.integers(0, 3), min_size=length,
-                             max_size=length), min_size=batch, max_size=batch))
+      draw(
+          st.lists(
+              st.lists(st.integers(0, 3), min_size=length, max_size=length),
+              min_size=batch,
+              max_size=batch,
+          )
+      )
   )
   positions = np.where(validity, positions, junk).astype(np.int32)
   return positions, validity, segments

@@ -1,4 +1,4 @@
-"""Tests for seeded per-block corruption and two-stream inputs (DESIGN.md 5.2)."""
+"""Tests for seeded per-block corruption and two-stream inputs (DESIGN 5.2)."""
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -44,8 +44,9 @@ def _blocks(positions, segment_ids, block_size):
   ]
 
 
-def _assert_invariants(result, tokens, validity, completion, config,
-                       positions, segment_ids):
+def _assert_invariants(
+    result, tokens, validity, completion, config, positions, segment_ids
+):
   eligible = validity & completion
   corrupted, loss = result.corruption_mask, result.loss_mask
   assert corrupted.dtype == bool and loss.dtype == bool
@@ -59,7 +60,9 @@ def _assert_invariants(result, tokens, validity, completion, config,
   is_seed = positions % config.block_size == 0
   if config.canvas == "seed_and_mask":
     assert not (corrupted & is_seed).any(), "a seed was corrupted"
-  candidate = eligible & (~is_seed if config.canvas == "seed_and_mask" else True)
+  candidate = eligible & (
+      ~is_seed if config.canvas == "seed_and_mask" else True
+  )
   blocks = _blocks(positions, segment_ids, config.block_size)
   for row in range(tokens.shape[0]):
     per_block = {}
@@ -69,8 +72,9 @@ def _assert_invariants(result, tokens, validity, completion, config,
     for key, slots in per_block.items():
       rates = set(result.noise_rate[row, slots].tolist())
       assert len(rates) == 1, f"block {key} of row {row} has rates {rates}"
-    has_target = {key: corrupted[row, slots].any()
-                  for key, slots in per_block.items()}
+    has_target = {
+        key: corrupted[row, slots].any() for key, slots in per_block.items()
+    }
     if config.stream != "clean_prefix":
       assert all(has_target.values()), f"row {row}: a block has no target"
     else:
@@ -90,18 +94,22 @@ def test_min_noise_one_masks_every_eligible_slot():
   np.testing.assert_array_equal(result.corruption_mask, validity)
   np.testing.assert_array_equal(result.loss_mask, validity)
   np.testing.assert_array_equal(result.inputs, np.where(validity, MASK, 0))
-  np.testing.assert_array_equal(result.loss_weights, validity.astype(np.float32))
+  np.testing.assert_array_equal(
+      result.loss_weights, validity.astype(np.float32)
+  )
   np.testing.assert_allclose(result.noise_rate, validity.astype(np.float32))
 
 
 @pytest.mark.parametrize("seed", range(8))
 def test_every_nonempty_partial_or_full_block_has_a_target(seed):
   tokens, validity, completion = _batch()
-  result = corruption.corrupt(tokens, validity, completion, _config(), seed=seed)
+  result = corruption.corrupt(
+      tokens, validity, completion, _config(), seed=seed
+  )
   for row in range(2):
     for start in range(0, 10, 4):
-      if validity[row, start:start + 4].any():
-        assert result.loss_mask[row, start:start + 4].any(), (row, start)
+      if validity[row, start : start + 4].any():
+        assert result.loss_mask[row, start : start + 4].any(), (row, start)
   # Row 0's last block is the single valid slot 8: it is always the target.
   assert result.corruption_mask[0, 8] and result.loss_mask[0, 8]
 
@@ -113,7 +121,12 @@ def test_noise_rate_is_constant_per_logical_block_of_packed_documents():
   tokens = np.arange(1, 15)[None]
   valid = np.ones((1, 14), bool)
   result = corruption.corrupt(
-      tokens, valid, valid, _config(), seed=5, positions=positions,
+      tokens,
+      valid,
+      valid,
+      _config(),
+      seed=5,
+      positions=positions,
       segment_ids=segments,
   )
   rate = result.noise_rate[0]
@@ -163,7 +176,11 @@ def test_permuted_row_with_permuted_positions_gives_permuted_result():
   ):
     take = lambda x: x[:, perm]
     permuted = corruption.corrupt(
-        take(tokens), take(valid), take(completion), config, seed=4,
+        take(tokens),
+        take(valid),
+        take(completion),
+        config,
+        seed=4,
         positions=take(positions),
     )
     for field in corruption.CorruptionResult._fields:
@@ -182,7 +199,9 @@ def test_padding_does_not_change_an_examples_corruption():
   padded = corruption.corrupt(
       padded_tokens, padded_valid, padded_valid, config, seed=2
   )
-  np.testing.assert_array_equal(padded.corruption_mask[:, :10], short.corruption_mask)
+  np.testing.assert_array_equal(
+      padded.corruption_mask[:, :10], short.corruption_mask
+  )
   np.testing.assert_array_equal(padded.noise_rate[:, :10], short.noise_rate)
   assert not padded.loss_mask[:, 10:].any()
 
@@ -227,8 +246,13 @@ def test_seed_and_mask_packed_documents_first_seed_unsupervised():
   tokens = np.arange(1, 13)[None]
   valid = np.ones((1, 12), bool)
   result = corruption.corrupt(
-      tokens, valid, valid, _shifted(block_size=2, min_noise=1.0), seed=0,
-      positions=positions, segment_ids=segments,
+      tokens,
+      valid,
+      valid,
+      _shifted(block_size=2, min_noise=1.0),
+      seed=0,
+      positions=positions,
+      segment_ids=segments,
   )
   seeds = positions[0] % 2 == 0
   assert not result.corruption_mask[0, seeds].any()
@@ -246,8 +270,11 @@ def test_fixed_seed_is_deterministic_and_identity_changes_draws():
   again = corruption.corrupt(tokens, valid, valid, config, seed=123)
   for field in corruption.CorruptionResult._fields:
     np.testing.assert_array_equal(getattr(first, field), getattr(again, field))
-  for kwargs in ({"seed": 124}, {"seed": 123, "epoch": 1},
-                 {"seed": 123, "example_ids": [7, 8]}):
+  for kwargs in (
+      {"seed": 124},
+      {"seed": 123, "epoch": 1},
+      {"seed": 123, "example_ids": [7, 8]},
+  ):
     other = corruption.corrupt(tokens, valid, valid, config, **kwargs)
     assert not np.array_equal(other.noise_rate, first.noise_rate), kwargs
 
@@ -261,10 +288,17 @@ def test_example_identity_not_batch_row_fixes_randomness():
       tokens, valid, valid, config, seed=9, epoch=2, example_ids=[10, 11, 12]
   )
   alone = corruption.corrupt(
-      tokens[2:], valid[2:], valid[2:], config, seed=9, epoch=2,
+      tokens[2:],
+      valid[2:],
+      valid[2:],
+      config,
+      seed=9,
+      epoch=2,
       example_ids=[12],
   )
-  np.testing.assert_array_equal(alone.corruption_mask[0], batch.corruption_mask[2])
+  np.testing.assert_array_equal(
+      alone.corruption_mask[0], batch.corruption_mask[2]
+  )
   np.testing.assert_array_equal(alone.noise_rate[0], batch.noise_rate[2])
 
 
@@ -285,8 +319,11 @@ def test_single_slot_blocks_only_for_all_masked():
   # block_size=1: each block is one slot and must get a target, so every
   # eligible slot is masked whatever the noise rate.
   result = corruption.corrupt(
-      np.array([[11, 12, 13]]), np.ones((1, 3), bool),
-      np.array([[False, True, True]]), _config(block_size=1), seed=3,
+      np.array([[11, 12, 13]]),
+      np.ones((1, 3), bool),
+      np.array([[False, True, True]]),
+      _config(block_size=1),
+      seed=3,
   )
   np.testing.assert_array_equal(result.inputs, [[11, MASK, MASK]])
   with pytest.raises(ValueError, match=r"block_size must be >= 2"):
@@ -314,7 +351,8 @@ def test_elbo_weights_are_inverse_noise_rate_on_corrupted_targets():
     result = corruption.corrupt(tokens, valid, valid, config, seed=1)
     corrupted = result.corruption_mask
     np.testing.assert_allclose(
-        result.loss_weights[corrupted], 1.0 / result.noise_rate[corrupted],
+        result.loss_weights[corrupted],
+        1.0 / result.noise_rate[corrupted],
         rtol=1e-6,
     )
     assert (result.loss_weights[corrupted] >= 1.0).all()
@@ -341,7 +379,7 @@ def test_clean_prefix_keeps_blocks_before_the_cut_clean_and_unsupervised():
     # Before the cut: clean and unsupervised; from it on: all masked.
     assert not result.corruption_mask[row, : 4 * cut].any()
     assert not result.loss_mask[row, : 4 * cut].any()
-    assert result.corruption_mask[row, 4 * cut:].all()
+    assert result.corruption_mask[row, 4 * cut :].all()
   assert len(cuts) > 2, f"the cut block should vary, got {cuts}"
 
 
@@ -352,23 +390,26 @@ def test_clean_prefix_cut_per_document_under_seed_and_mask():
   valid = np.ones_like(tokens, bool)
   config = _shifted(stream="clean_prefix", min_noise=1.0)
   result = corruption.corrupt(
-      tokens, valid, valid, config, seed=0, positions=positions,
+      tokens,
+      valid,
+      valid,
+      config,
+      seed=0,
+      positions=positions,
       segment_ids=segments,
   )
   for row in range(8):
     for doc in range(2):
-      doc_loss = result.loss_mask[row, 12 * doc:12 * (doc + 1)]
+      doc_loss = result.loss_mask[row, 12 * doc : 12 * (doc + 1)]
       cut = int(np.argmax(doc_loss.reshape(3, 4).any(-1)))
       assert not doc_loss[: 4 * cut].any()
       # From the cut on: every non-seed slot corrupted, seeds (but not a
       # first-block seed) supervised clean.
-      doc_corrupt = result.corruption_mask[row, 12 * doc:12 * (doc + 1)]
+      doc_corrupt = result.corruption_mask[row, 12 * doc : 12 * (doc + 1)]
       after = np.arange(12) >= 4 * cut
       seeds = np.arange(12) % 4 == 0
       np.testing.assert_array_equal(doc_corrupt, after & ~seeds)
-      np.testing.assert_array_equal(
-          doc_loss, after & ~(np.arange(12) == 0)
-      )
+      np.testing.assert_array_equal(doc_loss, after & ~(np.arange(12) == 0))
 
 
 def test_bad_inputs_raise_naming_the_argument():
@@ -377,15 +418,20 @@ def test_bad_inputs_raise_naming_the_argument():
   with pytest.raises(TypeError, match=r"config must be a BlockDiffusionConfig"):
     corruption.corrupt(tokens, validity, completion, {"block_size": 4}, seed=0)
   with pytest.raises(TypeError, match=r"tokens must have an integer dtype"):
-    corruption.corrupt(tokens.astype(float), validity, completion, config, seed=0)
+    corruption.corrupt(
+        tokens.astype(float), validity, completion, config, seed=0
+    )
   with pytest.raises(ValueError, match=r"validity must have the shape"):
     corruption.corrupt(tokens, validity[:, :-1], completion, config, seed=0)
   with pytest.raises(ValueError, match=r"tokens must have shape"):
     corruption.corrupt(tokens[0], validity[0], completion[0], config, seed=0)
   with pytest.raises(ValueError, match=r"nonempty"):
     corruption.corrupt(
-        np.zeros((1, 0), np.int32), np.zeros((1, 0), bool),
-        np.zeros((1, 0), bool), config, seed=0,
+        np.zeros((1, 0), np.int32),
+        np.zeros((1, 0), bool),
+        np.zeros((1, 0), bool),
+        config,
+        seed=0,
     )
   with pytest.raises(ValueError, match=r"example_ids must have shape"):
     corruption.corrupt(
@@ -395,7 +441,11 @@ def test_bad_inputs_raise_naming_the_argument():
     corruption.corrupt(tokens, validity, completion, config, seed=-1)
   with pytest.raises(ValueError, match=r"positions must be >= 0"):
     corruption.corrupt(
-        tokens, validity, completion, config, seed=0,
+        tokens,
+        validity,
+        completion,
+        config,
+        seed=0,
         positions=np.full(tokens.shape, -1),
     )
 
@@ -422,7 +472,9 @@ def test_build_two_stream_inputs_shapes_and_halves():
   np.testing.assert_array_equal(two.targets[:, 10:], tokens)
   np.testing.assert_array_equal(two.loss_weights[:, :10], 0.0)
   np.testing.assert_array_equal(two.loss_weights[:, 10:], result.loss_weights)
-  with pytest.raises(ValueError, match=r"corruption arrays must have the shape"):
+  with pytest.raises(
+      ValueError, match=r"corruption arrays must have the shape"
+  ):
     corruption.build_two_stream_inputs(tokens[:, :8], result, validity[:, :8])
 
 
@@ -437,24 +489,38 @@ def _corruption_cases(draw):
       loss_weighting=draw(st.sampled_from(["uniform", "elbo"])),
       stream=draw(st.sampled_from(["single", "two_stream", "clean_prefix"])),
   )
-  config = _shifted(block_size, **kwargs) if shifted else _config(block_size, **kwargs)
+  config = (
+      _shifted(block_size, **kwargs)
+      if shifted
+      else _config(block_size, **kwargs)
+  )
   positions = np.zeros((batch, length), np.int64)
   segments = np.zeros((batch, length), np.int64)
   for row in range(batch):
     start, doc = 0, 0
     while start < length:
       size = draw(st.integers(1, length - start))
-      positions[row, start:start + size] = np.arange(size)
-      segments[row, start:start + size] = doc
+      positions[row, start : start + size] = np.arange(size)
+      segments[row, start : start + size] = doc
       start, doc = start + size, doc + 1
   bools = lambda: np.array(
-      draw(st.lists(st.lists(st.booleans(), min_size=length, max_size=length),
-                    min_size=batch, max_size=batch))
+      draw(
+          st.lists(
+              st.lists(st.booleans(), min_size=length, max_size=length),
+              min_size=batch,
+              max_size=batch,
+          )
+      )
   )
   validity, completion = bools(), bools()
   tokens = np.array(
-      draw(st.lists(st.lists(st.integers(0, 50), min_size=length,
-                             max_size=length), min_size=batch, max_size=batch))
+      draw(
+          st.lists(
+              st.lists(st.integers(0, 50), min_size=length, max_size=length),
+              min_size=batch,
+              max_size=batch,
+          )
+      )
   )
   perm = np.array(draw(st.permutations(list(range(length)))))
   seed = draw(st.integers(0, 2**16))
@@ -465,7 +531,12 @@ def _corruption_cases(draw):
 def test_property_corruption_invariants_and_permutation(case):
   tokens, validity, completion, config, positions, segments, perm, seed = case
   result = corruption.corrupt(
-      tokens, validity, completion, config, seed=seed, positions=positions,
+      tokens,
+      validity,
+      completion,
+      config,
+      seed=seed,
+      positions=positions,
       segment_ids=segments,
   )
   _assert_invariants(
@@ -473,8 +544,13 @@ def test_property_corruption_invariants_and_permutation(case):
   )
   take = lambda x: x[:, perm]
   permuted = corruption.corrupt(
-      take(tokens), take(validity), take(completion), config, seed=seed,
-      positions=take(positions), segment_ids=take(segments),
+      take(tokens),
+      take(validity),
+      take(completion),
+      config,
+      seed=seed,
+      positions=take(positions),
+      segment_ids=take(segments),
   )
   for field in corruption.CorruptionResult._fields:
     np.testing.assert_array_equal(

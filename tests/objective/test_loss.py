@@ -51,7 +51,9 @@ def test_matches_numpy_reference():
   assert isinstance(out.primary_loss, compat.WeightedMetric)
   np.testing.assert_allclose(out.primary_loss.unreduced_sum, total, rtol=1e-5)
   assert float(out.primary_loss.denominator) == count
-  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+  np.testing.assert_allclose(
+      out.primary_loss.compute(), total / count, rtol=1e-5
+  )
   assert float(out.aux_metrics["target_tokens"]) == count
 
 
@@ -72,7 +74,9 @@ def test_bool_weights_and_token_cross_entropy():
   mask[:, ::2] = True
   out = _loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(mask))
   total, count = _reference(logits, targets, mask.astype(np.float64))
-  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+  np.testing.assert_allclose(
+      out.primary_loss.compute(), total / count, rtol=1e-5
+  )
   ce = loss_lib.token_cross_entropy(jnp.asarray(logits), jnp.asarray(targets))
   assert ce.shape == targets.shape and ce.dtype == jnp.float32
   ones = np.ones(targets.shape)
@@ -88,14 +92,20 @@ def test_bf16_logits_give_float32_loss():
   assert out.primary_loss.unreduced_sum.dtype == jnp.float32
   assert out.primary_loss.denominator.dtype == jnp.float32
   # Computed in float32 from the bf16-rounded logits.
-  total, count = _reference(np.asarray(bf16.astype(jnp.float32)), targets, weights)
-  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+  total, count = _reference(
+      np.asarray(bf16.astype(jnp.float32)), targets, weights
+  )
+  np.testing.assert_allclose(
+      out.primary_loss.compute(), total / count, rtol=1e-5
+  )
 
 
 def test_zero_total_weight_gives_zero_loss_and_zero_gradients():
   logits, targets, _ = _example(seed=3)
   weights = jnp.zeros(targets.shape, jnp.float32)
-  value, grad = _mean_and_grad(jnp.asarray(logits), jnp.asarray(targets), weights)
+  value, grad = _mean_and_grad(
+      jnp.asarray(logits), jnp.asarray(targets), weights
+  )
   assert float(value) == 0.0
   assert np.isfinite(grad).all() and not np.asarray(grad).any()
 
@@ -121,7 +131,9 @@ def test_halves_sum_to_the_whole_batch_mean():
   weights[1, :4] = 0.0  # uneven target counts in the two halves.
   parts = [
       _loss(
-          jnp.asarray(logits[s]), jnp.asarray(targets[s]), jnp.asarray(weights[s])
+          jnp.asarray(logits[s]),
+          jnp.asarray(targets[s]),
+          jnp.asarray(weights[s]),
       ).primary_loss
       for s in (slice(0, 1), slice(1, 2))
   ]
@@ -180,4 +192,6 @@ def test_non_finite_logits_at_inactive_slots_do_not_leak_into_the_value():
   total, count = _reference(
       np.nan_to_num(logits, nan=0.0, neginf=0.0), targets, weights
   )
-  np.testing.assert_allclose(out.primary_loss.compute(), total / count, rtol=1e-5)
+  np.testing.assert_allclose(
+      out.primary_loss.compute(), total / count, rtol=1e-5
+  )
