@@ -524,6 +524,29 @@ def _check_generate_inputs(prompt_tokens, prompt_lengths, config, max_new_tokens
   return prompt_tokens.astype(jnp.int32), prompt_lengths.astype(jnp.int32)
 
 
+def _check_model_for_cache(model, config, prompt_width: int, num_new: int) -> None:
+  """Raises for attention variants that ignore the explicit cache mask."""
+  model_config = getattr(model, "config", None)
+  if getattr(model_config, "use_flash_attention", False):
+    raise ValueError(
+        "generate(use_cache=True) needs the dense attention path (it passes an"
+        " explicit block mask against the KV cache, which Tunix's flash branch"
+        " ignores): build the rollout model with use_flash_attention=False, or"
+        " pass use_cache=False"
+    )
+  window = getattr(model_config, "sliding_window_size", None)
+  width = config.block_size
+  cache_len = -(-(prompt_width + num_new) // width) * width + 2 * width
+  if window is not None and cache_len > window:
+    raise ValueError(
+        f"generate(use_cache=True) keeps the cache in logical order plus 2 *"
+        f" block_size scratch slots ({cache_len} here); the model's sliding"
+        f" window ({window}) indexes the cache by physical slot, so the cached"
+        " driver is exact only while that length fits in the window. Shorten"
+        " the rollout or pass use_cache=False"
+    )
+
+
 def generate(
     model,
     prompt_tokens,
@@ -548,7 +571,9 @@ def generate(
 
   Args:
     model: A Tunix causal LM called as `model(tokens, positions, cache,
-      attention_mask)` (Qwen3, Qwen2, Llama3, ...), dense attention.
+      attention_mask)` (Qwen3, Qwen2, Llama3, ...). The cached driver needs
+      dense attention (`use_flash_attention=False`) and, for models with a
+      sliding window (Gemma3), a window of at least the cache length.
     prompt_tokens: int [B, P] prompts, LEFT-padded: row b's prompt is its last
       `prompt_lengths[b]` slots.
     prompt_lengths: int [B] in [0, P] ([1, P] with `shifted` alignment).
@@ -564,6 +589,10 @@ def generate(
   prompt_tokens, prompt_lengths = _check_generate_inputs(
       prompt_tokens, prompt_lengths, config, max_new_tokens, rng
   )
+  if use_cache:
+    _check_model_for_cache(
+        model, config, prompt_tokens.shape[1], int(max_new_tokens)
+    )
   if rng is None:
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
