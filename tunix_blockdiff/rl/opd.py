@@ -1,0 +1,601 @@
+"""On-policy distillation (OPD) into a block-diffusion student.
+
+The student generates with the block-diffusion rollout; a teacher scores the
+student's own tokens in the teacher's context; the student is trained to
+lower a per-token divergence to the teacher (`rl.divergence`): reverse KL
+(default), forward KL or generalized JSD, exactly over the vocabulary
+(`estimator='full'`) or from the sampled token (`'sampled_token'`), at a
+temperature.
+
+* Student distribution at a token: the trajectory-exact one, i.e. the
+  logits of the canvas of the step that committed it (`rl.scoring`).
+* Teacher context: an autoregressive Tunix model (`teacher_kind='ar'`) sees
+  the prompt and the student's completion before the token (causal
+  next-token logits); a block-diffusion teacher (`'block_diffusion'`) scores
+  the same trajectory canvases as the student.
+* Scored tokens: the student's completion up to and including its first
+  EOS (the text it produced).
+
+`diffusion_opd_loss_fn` (name and first three arguments as in the Tunix
+proposal, PR #1747) is the core loss; `bd_opd_loss_fn` wraps it in Tunix's
+policy-loss API and is registered as `bd_opd`; `BlockDiffusionOPDLearner`
+runs it inside Tunix's RL loop (`RLCluster` + rollout engine + actor
+trainer).
+
+Shapes: B batch, P prompt, N completion, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+import weakref
+
+import flax
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from tunix.rl import algorithm_config as algo_config_lib
+from tunix.rl import function_registry
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl import rl_learner
+
+from tunix_blockdiff import compat
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import modeling
+from tunix_blockdiff.attention import masks
+from tunix_blockdiff.rl import cluster as cluster_lib
+from tunix_blockdiff.rl import divergence as divergence_lib
+from tunix_blockdiff.rl import grpo
+from tunix_blockdiff.rl import scoring
+
+TEACHER_KINDS = ("ar", "block_diffusion")
+
+
+@flax.struct.dataclass(frozen=True)
+class DiffusionDistillationBatch:
+  """A student rollout and the teacher's scores of it.
+
+  Attributes:
+    student_batch: `DiffusionTokenBatch` of the student's trajectories
+      (`scoring.prepare_trajectory_batch`); `loss_weights` marks the scored
+      tokens.
+    teacher_logits: float [B, N, V] teacher logits at each scored token
+      (required by `estimator='full'`).
+    teacher_logps: float [B, N] teacher log-probs of the student's tokens
+      (enough for `estimator='sampled_token'`).
+  """
+
+  student_batch: Any
+  teacher_logits: jax.Array | None = None
+  teacher_logps: jax.Array | None = None
+
+
+def diffusion_opd_loss_fn(
+    student_model,
+    batch: DiffusionDistillationBatch,
+    student_logits_fn: Callable[[Any, Any], jax.Array],
+    *,
+    divergence: str = "reverse_kl",
+    estimator: str = "full",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+    exclude_token_id: int | None = None,
+) -> compat.LossOutput:
+  """Token-weighted OPD loss of a block-diffusion student.
+
+  Both distributions are `softmax(logits / temperature)` without
+  `exclude_token_id` (pass the student's mask token, which it never
+  proposes). With `estimator='sampled_token'` and `temperature` equal to the
+  rollout's (no top-k/top-p), the one-sample estimate is unbiased.
+
+  Args:
+    student_model: The trainable student.
+    batch: `DiffusionDistillationBatch`.
+    student_logits_fn: `(model, batch.student_batch.model_inputs) -> [B, N,
+      V]` target-aligned student logits (e.g. the trajectory scorer's).
+    divergence: `reverse_kl` (default), `forward_kl` or `jsd`.
+    estimator: `full` or `sampled_token`.
+    beta: Teacher weight of the `jsd` mixture, 0 < beta < 1.
+    temperature: > 0.
+    exclude_token_id: Token removed from both distributions.
+
+  Returns:
+    `LossOutput`: primary = WeightedMetric(sum_t w_t * D_t, sum_t w_t);
+    aux `divergence` (the same mean, from the estimate), `student_logp`
+    and `teacher_logp` of the sampled tokens (token means).
+
+  Raises:
+    ValueError: unknown divergence/estimator, bad beta or temperature,
+      missing teacher scores, teacher/student vocabulary mismatch.
+  """
+  divergence_lib.check_divergence(divergence, estimator, beta, temperature)
+  student_batch = batch.student_batch
+  if estimator == "full" and batch.teacher_logits is None:
+    raise ValueError("estimator='full' needs batch.teacher_logits [B, N, V]")
+  if batch.teacher_logits is None and batch.teacher_logps is None:
+    raise ValueError("batch needs teacher_logits or teacher_logps")
+  student_logits = student_logits_fn(student_model, student_batch.model_inputs)
+  targets = jnp.asarray(student_batch.target_ids)
+  if tuple(student_logits.shape[:2]) != tuple(targets.shape):
+    raise ValueError(
+        f"student logits {tuple(student_logits.shape)} do not match the"
+        f" targets [batch, length] = {tuple(targets.shape)}"
+    )
+  if batch.teacher_logits is not None:
+    check_vocab_match(batch.teacher_logits.shape[-1], student_logits.shape[-1])
+    if tuple(batch.teacher_logits.shape) != tuple(student_logits.shape):
+      raise ValueError(
+          f"teacher_logits {tuple(batch.teacher_logits.shape)} must have the"
+          f" student's logits shape {tuple(student_logits.shape)}"
+      )
+  weights = jnp.asarray(student_batch.loss_weights, jnp.float32)
+  active = weights > 0
+  safe_targets = jnp.where(active, targets, 0)[..., None]
+  student_log_probs = divergence_lib.log_probs(
+      jnp.where(active[..., None], student_logits, 0.0),
+      temperature,
+      exclude_token_id,
+  )
+  student_logp = jnp.take_along_axis(student_log_probs, safe_targets, axis=-1)[..., 0]
+  if batch.teacher_logits is not None:
+    teacher_log_probs = divergence_lib.log_probs(
+        jax.lax.stop_gradient(
+            jnp.where(active[..., None], batch.teacher_logits, 0.0)
+        ),
+        temperature,
+        exclude_token_id,
+    )
+    teacher_logp = jnp.take_along_axis(teacher_log_probs, safe_targets, axis=-1)[..., 0]
+  else:
+    teacher_logp = jax.lax.stop_gradient(
+        jnp.asarray(batch.teacher_logps, jnp.float32)
+    )
+  if estimator == "full":
+    per_token = divergence_lib.full_divergence(
+        student_log_probs, teacher_log_probs, divergence, beta
+    )
+    estimate = per_token
+  else:
+    estimate, per_token = divergence_lib.sampled_token_divergence(
+        student_logp, teacher_logp, divergence, beta
+    )
+  # `where`: inactive slots may hold non-finite values from placeholders.
+  per_token = jnp.where(active, per_token, 0.0)
+  total = jnp.sum(weights)
+  aux = {
+      "divergence": compat.WeightedMetric(
+          jnp.sum(jnp.where(active, weights * estimate, 0.0)), total
+      ),
+      "student_logp": compat.WeightedMetric(
+          jnp.sum(jnp.where(active, weights * student_logp, 0.0)), total
+      ),
+      "teacher_logp": compat.WeightedMetric(
+          jnp.sum(jnp.where(active, weights * teacher_logp, 0.0)), total
+      ),
+  }
+  return compat.LossOutput(
+      primary_loss=compat.WeightedMetric(jnp.sum(weights * per_token), total),
+      aux_metrics=aux,
+  )
+
+
+def check_vocab_match(teacher_vocab: int, student_vocab: int) -> None:
+  """Raises unless teacher and student share a vocabulary size."""
+  if int(teacher_vocab) != int(student_vocab):
+    raise ValueError(
+        f"teacher vocabulary ({teacher_vocab}) differs from the student's"
+        f" ({student_vocab}); OPD compares distributions token by token and"
+        " needs one shared tokenizer"
+    )
+
+
+def model_vocab_size(model) -> int:
+  """The vocabulary size of a Tunix model (from its config or embedder)."""
+  size = getattr(getattr(model, "config", None), "vocab_size", None)
+  if size is not None:
+    return int(size)
+  for path, leaf in nnx.state(model, nnx.Param).flat_state():
+    if any("embed" in str(p) for p in path):
+      return int(leaf.value.shape[0])
+  raise ValueError("cannot tell the model's vocabulary size")
+
+
+# -----------------------------------------------------------------------------
+# Teacher scoring.
+# -----------------------------------------------------------------------------
+
+
+def ar_teacher_logits(
+    teacher,
+    prompt_tokens: jax.Array,
+    prompt_mask: jax.Array,
+    completion_tokens: jax.Array,
+    completion_mask: jax.Array,
+) -> jax.Array:
+  """An autoregressive teacher's next-token logits at each completion slot.
+
+  Args:
+    teacher: Tunix causal LM.
+    prompt_tokens: int [B, P] left-padded prompts.
+    prompt_mask: bool [B, P].
+    completion_tokens: int [B, N] the student's tokens.
+    completion_mask: bool/int [B, N] slots the teacher sees (a prefix: the
+      completion up to its first EOS); later slots are invisible.
+
+  Returns:
+    float32 [B, N, V]: slot j holds the teacher's logits for token j given
+    the prompt and completion tokens 0..j-1.
+  """
+  prompt_mask = jnp.asarray(prompt_mask, jnp.bool_)
+  seen = jnp.asarray(completion_mask) > 0
+  tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1).astype(jnp.int32)
+  validity = jnp.concatenate([prompt_mask, seen], axis=1)
+  positions = jnp.maximum(jnp.cumsum(validity.astype(jnp.int32), axis=1) - 1, 0)
+  # Causal = block-causal with blocks of one slot.
+  mask = masks.block_causal_mask(positions, positions, 1, kv_valid=validity)
+  logits = modeling.call_model(teacher, tokens, positions, mask)
+  width = prompt_tokens.shape[1]
+  num_new = completion_tokens.shape[1]
+  return logits[:, width - 1 : width - 1 + num_new].astype(jnp.float32)
+
+
+_TEACHERS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def teacher_logits(
+    teacher,
+    teacher_kind: str,
+    student_batch,
+    config: config_lib.DenoiseConfig,
+) -> jax.Array:
+  """Teacher logits float32 [B, N, V] for a student trajectory batch (jitted).
+
+  Args:
+    teacher: Tunix model (causal LM for `ar`, block-diffusion for
+      `block_diffusion`).
+    teacher_kind: `ar` or `block_diffusion`.
+    student_batch: From `scoring.prepare_trajectory_batch`; its
+      `loss_weights` mark the completion the AR teacher sees.
+    config: The student rollout's `DenoiseConfig` (canvases of a
+      block-diffusion teacher).
+  """
+  if teacher_kind not in TEACHER_KINDS:
+    raise ValueError(f"teacher_kind must be one of {TEACHER_KINDS}, got {teacher_kind!r}")
+  graphdef, state = nnx.split(teacher)
+  per_model = _TEACHERS.setdefault(teacher, {})
+  key = (teacher_kind, config)
+  entry = per_model.get(key)
+  if entry is None or entry[0] != graphdef:
+    logits_fn = scoring.trajectory_logits_fn_for(config)
+
+    def run(state, model_inputs, loss_weights):
+      model = nnx.merge(graphdef, state)
+      if teacher_kind == "ar":
+        return ar_teacher_logits(
+            model,
+            model_inputs["prompt_tokens"],
+            model_inputs["prompt_mask"],
+            model_inputs["completion_tokens"],
+            loss_weights,
+        )
+      return logits_fn(model, model_inputs)
+
+    entry = (graphdef, jax.jit(run))
+    per_model[key] = entry
+  return entry[1](state, student_batch.model_inputs, student_batch.loss_weights)
+
+
+def through_first_eos(commit_step, tokens, eos_id: int) -> np.ndarray:
+  """bool [B, N]: committed slots up to and including each row's first EOS."""
+  commit_step = np.asarray(commit_step)
+  tokens = np.asarray(tokens)
+  committed = commit_step >= 0
+  is_eos = committed & (tokens == eos_id)
+  width = tokens.shape[1]
+  first = np.where(is_eos.any(axis=1), is_eos.argmax(axis=1), width)
+  return committed & (np.arange(width)[None, :] <= first[:, None])
+
+
+# -----------------------------------------------------------------------------
+# Tunix integration.
+# -----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(kw_only=True)
+class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
+  """Algorithm config of on-policy distillation.
+
+  Attributes:
+    policy_loss_fn: Default `bd_opd`.
+    divergence: `reverse_kl` (default), `forward_kl` or `jsd`.
+    estimator: `full` (exact over the vocabulary) or `sampled_token`.
+    beta: Teacher weight of the `jsd` mixture.
+    temperature: Temperature of both distributions.
+    num_iterations: Optimizer passes over each rollout batch.
+    denoise_config: The student rollout's `DenoiseConfig` (filled by the
+      learner from the engine when None).
+  """
+
+  algo_variant: str = "opd"
+  advantage_estimator: str = "none"
+  policy_loss_fn: str = "bd_opd"
+  divergence: str = "reverse_kl"
+  estimator: str = "full"
+  beta: float = 0.5
+  temperature: float = 1.0
+  num_iterations: int = 1
+  denoise_config: config_lib.DenoiseConfig | None = None
+
+  def __post_init__(self):
+    # AlgorithmConfig's own check only knows Tunix's built-in names.
+    divergence_lib.check_divergence(
+        self.divergence, self.estimator, self.beta, self.temperature
+    )
+    if self.num_iterations < 1:
+      raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
+
+
+def bd_opd_loss_fn(
+    model,
+    train_example,
+    algo_config,
+    pad_id: int | None = None,
+    eos_id: int | None = None,
+    **kwargs,
+) -> compat.LossOutput:
+  """OPD loss in Tunix's policy-loss API (registered as `bd_opd`).
+
+  Args:
+    model: The student.
+    train_example: `BlockDiffusionTrainExample` with `commit_step`,
+      `completion_mask` (scored tokens) and `teacher_logits` or
+      `teacher_per_token_logps`.
+    algo_config: `BlockDiffusionOPDConfig`.
+    pad_id: Unused (Tunix signature).
+    eos_id: Unused.
+    **kwargs: Unused.
+
+  Returns:
+    `diffusion_opd_loss_fn`'s `LossOutput`.
+  """
+  del pad_id, eos_id, kwargs
+  config = grpo._require_denoise_config(algo_config)  # pylint: disable=protected-access
+  student_batch = scoring.prepare_trajectory_batch(
+      train_example.prompt_ids,
+      train_example.prompt_mask,
+      train_example.completion_ids,
+      grpo._require_trace(train_example),  # pylint: disable=protected-access
+      mask_token_id=config.mask_token_id,
+      loss_weights=train_example.completion_mask,
+  )
+  batch = DiffusionDistillationBatch(
+      student_batch=student_batch,
+      teacher_logits=getattr(train_example, "teacher_logits", None),
+      teacher_logps=getattr(train_example, "teacher_per_token_logps", None),
+  )
+  return diffusion_opd_loss_fn(
+      model,
+      batch,
+      scoring.trajectory_logits_fn_for(config),
+      divergence=algo_config.divergence,
+      estimator=algo_config.estimator,
+      beta=algo_config.beta,
+      temperature=algo_config.temperature,
+      exclude_token_id=config.mask_token_id,
+  )
+
+
+def _no_reward(prompts, completions, **unused_kwargs) -> list[float]:
+  del completions, unused_kwargs
+  return [0.0] * len(prompts)
+
+
+class BlockDiffusionOPDLearner(grpo.TraceLearnerMixin, rl_learner.RLLearner):
+  """On-policy distillation inside Tunix's RL loop.
+
+  Each step: the student (the cluster's actor, via `BlockDiffusionRollout`)
+  generates; the teacher scores the student's tokens; the actor trainer
+  minimises `bd_opd`. Reward functions are optional and only logged (e.g.
+  exact match).
+  """
+
+  def __init__(
+      self,
+      rl_cluster: cluster_lib.BlockDiffusionRLCluster,
+      algo_config: BlockDiffusionOPDConfig,
+      teacher: nnx.Module,
+      *,
+      teacher_kind: str = "ar",
+      reward_fns=None,
+      metric_fns: Sequence[Any] | None = None,
+      data_shuffle_seed: int | None = None,
+  ):
+    """Builds the learner.
+
+    Args:
+      rl_cluster: `BlockDiffusionRLCluster` whose actor is the student.
+      algo_config: `BlockDiffusionOPDConfig`.
+      teacher: The teacher model (kept frozen).
+      teacher_kind: `ar` (causal LM) or `block_diffusion`.
+      reward_fns: Optional reward functions, logged only.
+      metric_fns: Optional metric functions (Tunix signature).
+      data_shuffle_seed: Data shuffle seed.
+    """
+    from tunix_blockdiff import registration  # pylint: disable=g-import-not-at-top
+
+    registration.register()
+    self._check_cluster(rl_cluster)
+    if not isinstance(algo_config, BlockDiffusionOPDConfig):
+      raise TypeError(
+          "algo_config must be a BlockDiffusionOPDConfig, got"
+          f" {type(algo_config).__name__}"
+      )
+    if teacher_kind not in TEACHER_KINDS:
+      raise ValueError(
+          f"teacher_kind must be one of {TEACHER_KINDS}, got {teacher_kind!r}"
+      )
+    check_vocab_match(
+        model_vocab_size(teacher), model_vocab_size(rl_cluster.rollout.model())
+    )
+    self._fill_denoise_config(algo_config, rl_cluster)
+    super().__init__(
+        rl_cluster=rl_cluster,
+        algo_config=algo_config,
+        reward_fns=reward_fns or [_no_reward],
+        metric_fns=metric_fns,
+        data_shuffle_seed=data_shuffle_seed,
+    )
+    self.teacher = teacher
+    self.teacher_kind = teacher_kind
+    policy_loss_fn = function_registry.get_policy_loss_fn(
+        algo_config.policy_loss_fn
+    )
+
+    def loss_fn(model, train_example):
+      return policy_loss_fn(
+          model,
+          train_example,
+          algo_config=self.algo_config,
+          pad_id=self.rl_cluster.rollout.pad_id(),
+          eos_id=self.rl_cluster.rollout.eos_id(),
+      )
+
+    self.rl_cluster.actor_trainer.with_loss_fn(loss_fn, has_aux=True)
+    self.rl_cluster.actor_trainer.with_gen_model_input_fn(
+        lambda x: {"train_example": x}
+    )
+    self.rl_cluster.actor_trainer.with_rl_metrics_to_log({
+        "divergence": np.mean,
+        "teacher_logp": np.mean,
+        "student_logp": np.mean,
+    })
+
+  def _generate_and_compute_advantage(
+      self,
+      training_input,
+      mode: rl_cluster_lib.Mode = rl_cluster_lib.Mode.TRAIN,
+  ) -> grpo.BlockDiffusionTrainExample:
+    """Student rollout + teacher scores -> `BlockDiffusionTrainExample`."""
+    output, prompt_ids, prompt_mask, commit_step = self._rollout(
+        training_input, mode
+    )
+    config = self.algo_config.denoise_config
+    trace_tokens = np.asarray(output.trace_tokens, np.int32)
+    scored = through_first_eos(commit_step, trace_tokens, config.eos_token_id)
+    student_batch = scoring.prepare_trajectory_batch(
+        prompt_ids,
+        prompt_mask,
+        trace_tokens,
+        commit_step,
+        mask_token_id=config.mask_token_id,
+        loss_weights=scored.astype(np.float32),
+    )
+    logits = teacher_logits(self.teacher, self.teacher_kind, student_batch, config)
+    teacher_logps = None
+    if self.algo_config.estimator == "sampled_token":
+      log_probs = divergence_lib.log_probs(
+          logits, self.algo_config.temperature, config.mask_token_id
+      )
+      teacher_logps = jnp.take_along_axis(
+          log_probs, jnp.asarray(np.where(scored, trace_tokens, 0))[..., None], axis=-1
+      )[..., 0]
+      logits = None
+    rewards = self._compute_rewards(
+        prompts=training_input["prompts"],
+        completions=output.text,
+        mode=mode,
+        **{k: v for k, v in training_input.items() if k != "prompts"},
+    )
+    self._log_rollout_metrics(output, rewards, mode)
+    for metric_fn in self.metric_fns:
+      self.rl_cluster.buffer_metrics(
+          metric_fn(
+              prompts=training_input["prompts"],
+              completions=output.text,
+              rewards=rewards,
+              advantages=np.zeros_like(rewards),
+              **{k: v for k, v in training_input.items() if k != "prompts"},
+          ),
+          mode=mode,
+      )
+    return grpo.BlockDiffusionTrainExample(
+        prompt_ids=jnp.asarray(prompt_ids),
+        prompt_mask=jnp.asarray(prompt_mask),
+        completion_ids=jnp.asarray(trace_tokens),
+        completion_mask=jnp.asarray(scored.astype(np.int32)),
+        advantages=jnp.zeros((len(trace_tokens),), jnp.float32),
+        ref_per_token_logps=None,
+        old_per_token_logps=None,
+        commit_step=jnp.asarray(commit_step),
+        teacher_logits=logits,
+        teacher_per_token_logps=teacher_logps,
+    )
+
+  def _compute_trajectory_ids(self, example, steps: int) -> list[str]:
+    batch_size = len(example["prompts"])
+    return [f"{steps * batch_size + i}_0" for i in range(batch_size)]
+
+  def _num_iterations(self) -> int:
+    return self.algo_config.num_iterations
+
+  def _num_generations(self) -> int:
+    return 1
+
+
+def evaluate_divergence(
+    student,
+    teacher,
+    teacher_kind: str,
+    student_batch,
+    config: config_lib.DenoiseConfig,
+    *,
+    divergence: str = "reverse_kl",
+    beta: float = 0.5,
+    temperature: float = 1.0,
+) -> float:
+  """Token-mean exact divergence (full vocabulary) of a student rollout batch.
+
+  Args:
+    student: The block-diffusion student.
+    teacher: The teacher.
+    teacher_kind: `ar` or `block_diffusion`.
+    student_batch: `scoring.prepare_trajectory_batch` of the student's
+      rollouts; `loss_weights` select the scored tokens.
+    config: The student rollout's `DenoiseConfig`.
+    divergence: `reverse_kl`, `forward_kl` or `jsd`.
+    beta: `jsd` teacher weight.
+    temperature: > 0.
+
+  Returns:
+    The weighted mean divergence over scored tokens (float).
+  """
+  logits = teacher_logits(teacher, teacher_kind, student_batch, config)
+  out = diffusion_opd_loss_fn(
+      student,
+      DiffusionDistillationBatch(student_batch=student_batch, teacher_logits=logits),
+      scoring.trajectory_logits_fn_for(config),
+      divergence=divergence,
+      estimator="full",
+      beta=beta,
+      temperature=temperature,
+      exclude_token_id=config.mask_token_id,
+  )
+  return float(out.aux_metrics["divergence"].compute())
+
+
+__all__ = [
+    "BlockDiffusionOPDConfig",
+    "BlockDiffusionOPDLearner",
+    "DiffusionDistillationBatch",
+    "TEACHER_KINDS",
+    "ar_teacher_logits",
+    "bd_opd_loss_fn",
+    "check_vocab_match",
+    "diffusion_opd_loss_fn",
+    "evaluate_divergence",
+    "model_vocab_size",
+    "teacher_logits",
+    "through_first_eos",
+]
