@@ -318,10 +318,12 @@ def tile_counts(
   """
   q_len, kv_len = mask.shape
   _check_tiles(kv_len, q_len // q_seq_shards, q_tile, kv_tile)
+  # Without grid shrinking, the block mask covers the whole (q, kv) grid.
   info, _ = splash_mask_info.process_mask(
       splash_mask.MultiHeadMask([mask]),
       (q_tile, kv_tile),
       q_seq_shards=q_seq_shards,
+      shrink_grid=False,
   )
   block_mask = np.asarray(info.block_mask)[0]  # [q_tiles, kv_tiles]
   per_shard = block_mask.reshape(q_seq_shards, -1)
