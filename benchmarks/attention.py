@@ -45,8 +45,10 @@ def _name(block_size: int | None) -> str:
 
 def tile_fraction_table(seq_len: int) -> str:
   rows = [
-      "| mask | tile | computed tiles | skipped | computed fraction | of which"
-      " partial | mask density |",
+      (
+          "| mask | tile | computed tiles | skipped | computed fraction | of"
+          " which partial | mask density |"
+      ),
       "|---|---:|---:|---:|---:|---:|---:|",
   ]
   for block_size in (None,) + BLOCK_SIZES:
@@ -100,7 +102,12 @@ def dense_step_table(lengths=(256, 1024), batch=4, repeats=7) -> str:
   from tunix_blockdiff.objective import loss as loss_lib  # pylint: disable=g-import-not-at-top
 
   model = tiny_models.tiny_qwen3(
-      256, embed_dim=256, hidden_dim=512, num_heads=4, head_dim=64, num_kv_heads=2
+      256,
+      embed_dim=256,
+      hidden_dim=512,
+      num_heads=4,
+      head_dim=64,
+      num_kv_heads=2,
   )
   graphdef, state = nnx.split(model)
   rows = [
@@ -121,7 +128,9 @@ def dense_step_table(lengths=(256, 1024), batch=4, repeats=7) -> str:
         logits = modeling.block_diffusion_logits(
             nnx.merge(graphdef, state), tokens, positions, block_size=block_size
         )
-        return loss_lib.diffusion_loss(logits, tokens, weights).primary_loss.compute()
+        return loss_lib.diffusion_loss(
+            logits, tokens, weights
+        ).primary_loss.compute()
 
       steps[block_size] = jax.jit(jax.value_and_grad(loss))
       jax.block_until_ready(steps[block_size](*args))

@@ -24,6 +24,7 @@ from tunix_blockdiff import modeling
 from tunix_blockdiff import tiny_models
 from tunix_blockdiff.attention import context_parallel
 from tunix_blockdiff.attention import shim
+from tunix_blockdiff.attention import tokamax_path
 from tunix_blockdiff.objective import loss as loss_lib
 
 VOCAB, L, BATCH, BLOCK = 64, 512, 4, 16
@@ -71,8 +72,12 @@ def _loss(graphdef, state, batch, *, flash, cp_size=1, logits_sharding=None):
   )
   if flash:
     logits = shim.block_diffusion_logits(
-        model, batch["tokens"], batch["positions"], cp_size=cp_size,
-        mask_mode="static", **args,
+        model,
+        batch["tokens"],
+        batch["positions"],
+        cp_size=cp_size,
+        mask_mode="static",
+        **args,
     )
   else:
     logits = modeling.block_diffusion_logits(
@@ -99,7 +104,9 @@ def setup():
 
 @pytest.mark.parametrize("cp", [2, 4])
 @pytest.mark.parametrize("attention", ["dense", "splash"])
-def test_context_parallel_step_matches_single_device(setup, cp, attention, monkeypatch):
+def test_context_parallel_step_matches_single_device(
+    setup, cp, attention, monkeypatch
+):
   graphdef_dense, graphdef_flash, state, batch, (want_loss, want_grads) = setup
   flash = attention == "splash"
   mesh = jax.make_mesh(
@@ -107,7 +114,9 @@ def test_context_parallel_step_matches_single_device(setup, cp, attention, monke
   )
   token_sharding = NamedSharding(mesh, P("fsdp", "sp"))
   reordered = context_parallel.reorder_batch_for_context_parallel(batch, cp)
-  reordered = {k: jax.device_put(v, token_sharding) for k, v in reordered.items()}
+  reordered = {
+      k: jax.device_put(v, token_sharding) for k, v in reordered.items()
+  }
   replicated = jax.device_put(state, NamedSharding(mesh, P()))
 
   kernel_shards = []
@@ -122,8 +131,12 @@ def test_context_parallel_step_matches_single_device(setup, cp, attention, monke
   step = jax.jit(
       jax.value_and_grad(
           lambda s, b: _loss(
-              graphdef_flash if flash else graphdef_dense, s, b, flash=flash,
-              cp_size=cp, logits_sharding=NamedSharding(mesh, P("fsdp", "sp", None)),
+              graphdef_flash if flash else graphdef_dense,
+              s,
+              b,
+              flash=flash,
+              cp_size=cp,
+              logits_sharding=NamedSharding(mesh, P("fsdp", "sp", None)),
           ),
           has_aux=True,
       )
@@ -132,12 +145,68 @@ def test_context_parallel_step_matches_single_device(setup, cp, attention, monke
     (loss, logits), grads = step(replicated, reordered)
 
   assert abs(float(loss) - float(want_loss)) <= TOL
-  errors = jax.tree.map(lambda g, w: float(jnp.abs(g - w).max()), grads, want_grads)
+  errors = jax.tree.map(
+      lambda g, w: float(jnp.abs(g - w).max()), grads, want_grads
+  )
   assert max(jax.tree.leaves(errors)) <= TOL, errors
   # Each device holds its (batch, sequence) shard of the logits.
-  assert logits.sharding.shard_shape(logits.shape) == (BATCH // (8 // cp), L // cp, VOCAB)
+  assert logits.sharding.shard_shape(logits.shape) == (
+      BATCH // (8 // cp),
+      L // cp,
+      VOCAB,
+  )
   if flash:
     # Tunix built its Splash kernel for `cp` query-sequence shards.
     assert kernel_shards and set(kernel_shards) == {cp}
   else:
     assert not kernel_shards
+
+
+@pytest.mark.parametrize("kernel", ["splash", "tokamax"])
+def test_position_aware_kernels_under_context_parallelism(setup, kernel):
+  """Unaligned packing: masks from positions, per query shard, cp=4."""
+  if kernel == "tokamax" and not tokamax_path.tokamax_available():
+    pytest.skip("the optional `tokamax` package is not installed")
+  graphdef_dense, graphdef_flash, state, batch, _ = setup
+  cp = 4
+  batch = dict(batch)
+  positions, segments = batch["positions"].copy(), batch["segment_ids"].copy()
+  positions[1, 37:] = np.arange(L - 37)  # a document starting off the grid.
+  segments[1, 37:] = 2
+  batch.update(positions=positions, segment_ids=segments)
+  want = modeling.block_diffusion_logits(
+      nnx.merge(graphdef_dense, state),
+      batch["tokens"],
+      positions,
+      block_size=BLOCK,
+      validity=batch["validity"],
+      segment_ids=segments,
+  )
+  mesh = jax.make_mesh(
+      (8 // cp, cp, 1), ("fsdp", "sp", "tp"), axis_types=(AxisType.Auto,) * 3
+  )
+  reordered = context_parallel.reorder_batch_for_context_parallel(batch, cp)
+  reordered = {
+      k: jax.device_put(v, NamedSharding(mesh, P("fsdp", "sp")))
+      for k, v in reordered.items()
+  }
+
+  @jax.jit
+  def logits(state, b):
+    return shim.block_diffusion_logits(
+        nnx.merge(graphdef_flash, state),
+        b["tokens"],
+        b["positions"],
+        block_size=BLOCK,
+        validity=b["validity"],
+        segment_ids=b["segment_ids"],
+        cp_size=cp,
+        kernel=kernel,
+        mask_mode="dynamic",
+    )
+
+  with mesh:
+    got = logits(jax.device_put(state, NamedSharding(mesh, P())), reordered)
+  got = context_parallel.restore_from_context_parallel(np.asarray(got), cp)
+  keep = batch["validity"][..., None]
+  assert np.abs(np.where(keep, got - np.asarray(want), 0.0)).max() <= 1e-4

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
+from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as info_lib
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -57,7 +58,9 @@ def packed_rows(rng, batch, length, block_size, *, aligned):
 
 def qkv(seed, batch=2, length=L):
   rng = np.random.default_rng(seed)
-  shapes = [(batch, length, HEADS, HEAD_DIM)] + [(batch, length, KV_HEADS, HEAD_DIM)] * 2
+  shapes = [(batch, length, HEADS, HEAD_DIM)] + [
+      (batch, length, KV_HEADS, HEAD_DIM)
+  ] * 2
   return [jnp.asarray(rng.normal(size=s), jnp.float32) for s in shapes]
 
 
@@ -77,7 +80,9 @@ def forward_and_grads(attention, q, k, v, cotangent):
   return out, vjp(cotangent)
 
 
-def assert_matches_dense(attention, q, k, v, mask, validity, *, fwd_tol=1e-5, grad_tol=1e-4):
+def assert_matches_dense(
+    attention, q, k, v, mask, validity, *, fwd_tol=1e-5, grad_tol=1e-4
+):
   """Forward at valid queries and q/k/v gradients of a valid-query loss."""
   rng = np.random.default_rng(7)
   keep = jnp.asarray(validity, jnp.float32)[:, :, None, None]
@@ -88,7 +93,9 @@ def assert_matches_dense(attention, q, k, v, mask, validity, *, fwd_tol=1e-5, gr
   want, want_grads = forward_and_grads(
       lambda q, k, v: dense_attention(q, k, v, mask), q, k, v, cotangent
   )
-  np.testing.assert_array_less(np.abs(np.asarray((got - want) * keep)).max(), fwd_tol)
+  np.testing.assert_array_less(
+      np.abs(np.asarray((got - want) * keep)).max(), fwd_tol
+  )
   for name, g, w in zip("qkv", got_grads, want_grads):
     err = float(np.abs(np.asarray(g - w)).max())
     assert err <= grad_tol, f"d{name} max error {err}"
@@ -159,10 +166,10 @@ def test_masks_are_hashable_equal_by_value_and_static_args():
   assert len({a, splash.BlockCausalMask((64, 64), 16), b}) == 2
   # Equal masks share one Splash mask-info cache entry, so one mask function.
   multi = lambda m: splash_mask.MultiHeadMask([m])
-  from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as info_lib
-
   _, fn_a = info_lib.process_mask(multi(a), (64, 64))
-  _, fn_b = info_lib.process_mask(multi(splash.BlockCausalMask((64, 64), 16)), (64, 64))
+  _, fn_b = info_lib.process_mask(
+      multi(splash.BlockCausalMask((64, 64), 16)), (64, 64)
+  )
   assert fn_a is fn_b
 
   traces = []
@@ -221,18 +228,32 @@ def test_load_balanced_kernel_matches_dense(block_size, with_segments, cp):
   rng = np.random.default_rng(block_size + cp)
   q, k, v = qkv(block_size)
   if with_segments:
-    positions, segments, validity = packed_rows(rng, 2, L, block_size, aligned=True)
+    positions, segments, validity = packed_rows(
+        rng, 2, L, block_size, aligned=True
+    )
   else:
     positions = np.broadcast_to(np.arange(L, dtype=np.int32), (2, L))
     segments, validity = None, np.ones((2, L), bool)
   # Load-balanced physical order for everything, as a context-parallel batch.
-  reorder = lambda x: None if x is None else context_parallel.reorder_for_context_parallel(x, cp)
+  reorder = (
+      lambda x: None
+      if x is None
+      else context_parallel.reorder_for_context_parallel(x, cp)
+  )
   q, k, v = reorder(q), reorder(k), reorder(v)
-  positions, segments, validity = reorder(positions), reorder(segments), reorder(validity)
+  positions, segments, validity = (
+      reorder(positions),
+      reorder(segments),
+      reorder(validity),
+  )
   mask = dense_mask(positions, segments, validity, block_size=block_size)
   assert bool(
       splash.static_mask_matches(
-          positions, block_size, segment_ids=segments, validity=validity, cp_size=cp
+          positions,
+          block_size,
+          segment_ids=segments,
+          validity=validity,
+          cp_size=cp,
       )
   )
   attention = lambda q, k, v: splash.splash_attention(
@@ -281,9 +302,13 @@ def test_rectangular_mask_with_query_offset():
   )
   q = q[:, L - q_len :]
   got = jax.vmap(kernel)(
-      jnp.swapaxes(q * HEAD_DIM**-0.5, 1, 2), jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+      jnp.swapaxes(q * HEAD_DIM**-0.5, 1, 2),
+      jnp.swapaxes(k, 1, 2),
+      jnp.swapaxes(v, 1, 2),
   )
-  mask = masks.block_causal_mask(np.arange(L - q_len, L), np.arange(L), block_size)
+  mask = masks.block_causal_mask(
+      np.arange(L - q_len, L), np.arange(L), block_size
+  )
   want = dense_attention(q, k, v, jnp.broadcast_to(mask, (2, q_len, L)))
   np.testing.assert_allclose(jnp.swapaxes(got, 1, 2), want, atol=1e-5)
 
@@ -295,31 +320,49 @@ def test_static_mask_matches_detects_layouts():
   block_size = 16
   rng = np.random.default_rng(0)
   pos, seg, val = packed_rows(rng, 3, 128, block_size, aligned=True)
-  assert bool(splash.static_mask_matches(pos, block_size, segment_ids=seg, validity=val))
+  assert bool(
+      splash.static_mask_matches(pos, block_size, segment_ids=seg, validity=val)
+  )
   for cp in (2, 4):
     re = lambda x: context_parallel.reorder_for_context_parallel(x, cp)
     assert bool(
         splash.static_mask_matches(
-            re(pos), block_size, segment_ids=re(seg), validity=re(val), cp_size=cp
+            re(pos),
+            block_size,
+            segment_ids=re(seg),
+            validity=re(val),
+            cp_size=cp,
         )
     )
     # Reordered data checked as if it were in logical order: wrong grid.
     assert not bool(
-        splash.static_mask_matches(re(pos), block_size, segment_ids=re(seg), validity=re(val))
+        splash.static_mask_matches(
+            re(pos), block_size, segment_ids=re(seg), validity=re(val)
+        )
     )
   pos_u, seg_u, val_u = packed_rows(rng, 3, 128, block_size, aligned=False)
   assert not bool(
-      splash.static_mask_matches(pos_u, block_size, segment_ids=seg_u, validity=val_u)
+      splash.static_mask_matches(
+          pos_u, block_size, segment_ids=seg_u, validity=val_u
+      )
   )
   # Block size 1: every layout with positions counting up per document.
-  assert bool(splash.static_mask_matches(pos_u, 1, segment_ids=seg_u, validity=val_u))
+  assert bool(
+      splash.static_mask_matches(pos_u, 1, segment_ids=seg_u, validity=val_u)
+  )
   # Left padding off the grid: the first valid token is not at a multiple.
   left = np.arange(128) - 5
   assert not bool(
-      splash.static_mask_matches(left[None], block_size, validity=(left >= 0)[None])
+      splash.static_mask_matches(
+          left[None], block_size, validity=(left >= 0)[None]
+      )
   )
   left = np.arange(128) - 32
-  assert bool(splash.static_mask_matches(left[None], block_size, validity=(left >= 0)[None]))
+  assert bool(
+      splash.static_mask_matches(
+          left[None], block_size, validity=(left >= 0)[None]
+      )
+  )
   # A document split in two pieces with different offsets.
   split = np.concatenate([np.arange(64), np.arange(64) + 70])
   assert not bool(splash.static_mask_matches(split[None], 2))
@@ -329,9 +372,13 @@ def test_unaligned_packing_uses_dynamic_mask_and_static_refuses():
   block_size = 16
   rng = np.random.default_rng(1)
   q, k, v = qkv(5)
-  positions, segments, validity = packed_rows(rng, 2, L, block_size, aligned=False)
+  positions, segments, validity = packed_rows(
+      rng, 2, L, block_size, aligned=False
+  )
   assert not bool(
-      splash.static_mask_matches(positions, block_size, segment_ids=segments, validity=validity)
+      splash.static_mask_matches(
+          positions, block_size, segment_ids=segments, validity=validity
+      )
   )
   mask = dense_mask(positions, segments, validity, block_size=block_size)
   attention = lambda q, k, v: splash.splash_attention(
@@ -359,7 +406,14 @@ def test_unaligned_packing_uses_dynamic_mask_and_static_refuses():
   # Traced: no exception possible, so the outputs are NaN, not wrong numbers.
   traced = jax.jit(
       lambda q, k, v, p, s, m: splash.splash_attention(
-          q, k, v, block_size=block_size, positions=p, segment_ids=s, validity=m, mask_mode="static"
+          q,
+          k,
+          v,
+          block_size=block_size,
+          positions=p,
+          segment_ids=s,
+          validity=m,
+          mask_mode="static",
       )
   )(q, k, v, positions, segments, validity)
   assert bool(jnp.all(jnp.isnan(traced)))
@@ -371,7 +425,14 @@ def test_traced_auto_mode_picks_the_right_mask_per_batch():
   q, k, v = qkv(6)
   auto = jax.jit(
       lambda q, k, v, p, s, m: splash.splash_attention(
-          q, k, v, block_size=block_size, positions=p, segment_ids=s, validity=m, cp_size=cp
+          q,
+          k,
+          v,
+          block_size=block_size,
+          positions=p,
+          segment_ids=s,
+          validity=m,
+          cp_size=cp,
       )
   )
   re = lambda x: context_parallel.reorder_for_context_parallel(x, cp)
@@ -379,16 +440,25 @@ def test_traced_auto_mode_picks_the_right_mask_per_batch():
     positions, segments, validity = map(
         re, packed_rows(rng, 2, L, block_size, aligned=aligned)
     )
-    assert bool(
-        splash.static_mask_matches(
-            positions, block_size, segment_ids=segments, validity=validity, cp_size=cp
+    assert (
+        bool(
+            splash.static_mask_matches(
+                positions,
+                block_size,
+                segment_ids=segments,
+                validity=validity,
+                cp_size=cp,
+            )
         )
-    ) == aligned
+        == aligned
+    )
     got = auto(re(q), re(k), re(v), positions, segments, validity)
     mask = dense_mask(positions, segments, validity, block_size=block_size)
     want = dense_attention(re(q), re(k), re(v), mask)
     keep = validity[:, :, None, None]
-    np.testing.assert_array_less(np.abs(np.where(keep, got - want, 0)).max(), 1e-5)
+    np.testing.assert_array_less(
+        np.abs(np.where(keep, got - want, 0)).max(), 1e-5
+    )
 
 
 # --- tile accounting ------------------------------------------------------

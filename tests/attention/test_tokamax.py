@@ -32,7 +32,9 @@ def _dense(query, key, value, mask):
 def test_tokamax_matches_dense_on_unaligned_load_balanced_rows(implementation):
   rng = np.random.default_rng(0)
   query = jnp.asarray(rng.normal(size=(B, L, N, H)), jnp.float32)
-  key, value = (jnp.asarray(rng.normal(size=(B, L, K, H)), jnp.float32) for _ in range(2))
+  key, value = (
+      jnp.asarray(rng.normal(size=(B, L, K, H)), jnp.float32) for _ in range(2)
+  )
   # Packed documents at unaligned starts, padding, then load-balanced order.
   positions = np.tile(np.arange(L, dtype=np.int32), (B, 1))
   segments = np.zeros((B, L), np.int32)
@@ -41,11 +43,17 @@ def test_tokamax_matches_dense_on_unaligned_load_balanced_rows(implementation):
   validity = np.ones((B, L), bool)
   validity[0, -5:] = False
   batch = context_parallel.reorder_batch_for_context_parallel(
-      dict(q=query, k=key, v=value, p=positions, s=segments, m=validity), 2, seq_len=L
+      dict(q=query, k=key, v=value, p=positions, s=segments, m=validity),
+      2,
+      seq_len=L,
   )
   mask = masks.block_causal_mask(
-      batch["p"], batch["p"], BLOCK, q_segment_ids=batch["s"],
-      kv_segment_ids=batch["s"], kv_valid=batch["m"],
+      batch["p"],
+      batch["p"],
+      BLOCK,
+      q_segment_ids=batch["s"],
+      kv_segment_ids=batch["s"],
+      kv_valid=batch["m"],
   )
   keep = jnp.asarray(batch["m"], jnp.float32)[:, :, None, None]
   cotangent = jnp.asarray(rng.normal(size=query.shape), jnp.float32) * keep
@@ -57,14 +65,23 @@ def test_tokamax_matches_dense_on_unaligned_load_balanced_rows(implementation):
   got, got_grads = jax.jit(
       lambda q, k, v: run(
           lambda q, k, v: tokamax_path.tokamax_block_causal_attention(
-              q, k, v, block_size=BLOCK, positions=batch["p"],
-              segment_ids=batch["s"], validity=batch["m"],
+              q,
+              k,
+              v,
+              block_size=BLOCK,
+              positions=batch["p"],
+              segment_ids=batch["s"],
+              validity=batch["m"],
               implementation=implementation,
           ),
-          q, k, v,
+          q,
+          k,
+          v,
       )
   )(batch["q"], batch["k"], batch["v"])
-  want, want_grads = run(lambda q, k, v: _dense(q, k, v, mask), batch["q"], batch["k"], batch["v"])
+  want, want_grads = run(
+      lambda q, k, v: _dense(q, k, v, mask), batch["q"], batch["k"], batch["v"]
+  )
   assert float(jnp.abs((got - want) * keep).max()) <= 1e-5
   for g, w in zip(got_grads, want_grads):
     assert float(jnp.abs(g - w).max()) <= 1e-4
@@ -75,9 +92,13 @@ def test_implementations_are_chosen_by_backend():
   assert tokamax_path.resolve_implementation(None, "gpu") == "triton"
   assert tokamax_path.resolve_implementation(None, "tpu") == "mosaic"
   assert tokamax_path.resolve_implementation("mosaic", "tpu") == "mosaic"
-  assert tokamax_path.resolve_implementation("xla_chunked", "gpu") == "xla_chunked"
+  assert (
+      tokamax_path.resolve_implementation("xla_chunked", "gpu") == "xla_chunked"
+  )
   for implementation in ("triton", "cudnn", "mosaic"):
-    with pytest.raises(ValueError, match=f"{implementation!r} runs only on .*'cpu'"):
+    with pytest.raises(
+        ValueError, match=f"{implementation!r} runs only on .*'cpu'"
+    ):
       tokamax_path.resolve_implementation(implementation, "cpu")
   with pytest.raises(ValueError, match="runs only on gpu.*'tpu'"):
     tokamax_path.resolve_implementation("triton", "tpu")
@@ -89,7 +110,12 @@ def test_gpu_only_implementation_fails_before_compute_on_cpu():
   q = jnp.zeros((1, 8, 2, 4))
   with pytest.raises(ValueError, match="'triton' runs only on gpu"):
     tokamax_path.tokamax_block_causal_attention(
-        q, q, q, block_size=2, positions=jnp.arange(8)[None], implementation="triton"
+        q,
+        q,
+        q,
+        block_size=2,
+        positions=jnp.arange(8)[None],
+        implementation="triton",
     )
 
 
@@ -114,4 +140,6 @@ def test_missing_tokamax_is_a_clear_import_error(monkeypatch):
   assert not tokamax_path.tokamax_available()
   q = jnp.zeros((1, 8, 2, 4))
   with pytest.raises(ImportError, match="pip install tokamax"):
-    tokamax_path.tokamax_attention(q, q, q, jnp.ones((1, 8, 8), bool), implementation="xla")
+    tokamax_path.tokamax_attention(
+        q, q, q, jnp.ones((1, 8, 8), bool), implementation="xla"
+    )

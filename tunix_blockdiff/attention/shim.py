@@ -46,7 +46,10 @@ from tunix_blockdiff.objective import alignment as alignment_lib
 
 KERNELS = ("splash", "tokamax")
 # Tunix model modules whose flash path this shim knows (same code in both).
-SUPPORTED_FLASH_MODULES = ("tunix.models.qwen2.model", "tunix.models.qwen3.model")
+SUPPORTED_FLASH_MODULES = (
+    "tunix.models.qwen2.model",
+    "tunix.models.qwen3.model",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,13 +80,19 @@ class FlashBlockDiffusion:
 
   def __post_init__(self):
     masks.check_block_size(self.block_size)
-    cp_size = splash._check_int("cp_size", self.cp_size, 1)  # pylint: disable=protected-access
-    splash.logical_index(0, 2 * cp_size, cp_size)  # odd cp > 1 raises.
+    if isinstance(self.cp_size, bool) or not isinstance(self.cp_size, int):
+      raise TypeError(
+          f"cp_size must be an int, got {type(self.cp_size).__name__}"
+      )
+    if self.cp_size < 1:
+      raise ValueError(f"cp_size must be >= 1, got {self.cp_size}")
+    splash.logical_index(0, 2 * self.cp_size, self.cp_size)  # odd cp raises.
     if self.kernel not in KERNELS:
       raise ValueError(f"kernel must be one of {KERNELS}, got {self.kernel!r}")
     if self.mask_mode not in splash.MASK_MODES:
       raise ValueError(
-          f"mask_mode must be one of {splash.MASK_MODES}, got {self.mask_mode!r}"
+          f"mask_mode must be one of {splash.MASK_MODES}, got"
+          f" {self.mask_mode!r}"
       )
     if self.q_tile is not None or self.kv_tile is not None:
       splash.block_sizes(self.q_tile or 128, self.kv_tile or 128)
@@ -101,11 +110,13 @@ class FlashBlockDiffusion:
     return q_tile, kv_tile
 
   def resolved_interpret(self) -> bool:
-    return splash.default_interpret() if self.interpret is None else self.interpret
+    return (
+        splash.default_interpret() if self.interpret is None else self.interpret
+    )
 
 
-_ACTIVE: contextvars.ContextVar[FlashBlockDiffusion | None] = contextvars.ContextVar(
-    "tunix_blockdiff_flash_attention", default=None
+_ACTIVE: contextvars.ContextVar[FlashBlockDiffusion | None] = (
+    contextvars.ContextVar("tunix_blockdiff_flash_attention", default=None)
 )
 _INSTALL_LOCK = threading.Lock()
 _INSTALL_COUNTS: dict[str, int] = {}
@@ -191,10 +202,12 @@ class _MaskLibProxy:
   def CausalMask(self, shape, offset=0, shard_count=1):  # pylint: disable=invalid-name
     options = _ACTIVE.get()
     if options is None:
-      return self._original.CausalMask(shape, offset=offset, shard_count=shard_count)
+      return self._original.CausalMask(
+          shape, offset=offset, shard_count=shard_count
+      )
     if shape[0] != shape[1] or offset:
       raise ValueError(
-          f"block-diffusion flash attention needs square self-attention, got"
+          "block-diffusion flash attention needs square self-attention, got"
           f" shape={shape}, offset={offset}"
       )
     return splash.block_causal_splash_mask(
@@ -214,7 +227,9 @@ class _SplashProxy:
   def make_splash_mha(self, mask, *, block_sizes=None, **kwargs):
     options = _ACTIVE.get()
     if options is None:
-      return self._original.make_splash_mha(mask, block_sizes=block_sizes, **kwargs)
+      return self._original.make_splash_mha(
+          mask, block_sizes=block_sizes, **kwargs
+      )
     q_tile, kv_tile = options.tile_sizes(block_sizes)
     if options.position_aware:
       return PositionAwareKernel(options, q_tile, kv_tile)
@@ -226,7 +241,9 @@ class _SplashProxy:
 
 def uses_flash_attention(model) -> bool:
   """Whether a Tunix model takes its flash (Splash) attention branch."""
-  return bool(getattr(getattr(model, "config", None), "use_flash_attention", False))
+  return bool(
+      getattr(getattr(model, "config", None), "use_flash_attention", False)
+  )
 
 
 def _flash_module(model):
@@ -235,15 +252,17 @@ def _flash_module(model):
   name = type(model).__module__
   if name not in SUPPORTED_FLASH_MODULES:
     raise ValueError(
-        f"Block-diffusion flash attention supports Tunix {SUPPORTED_FLASH_MODULES};"
-        f" {type(model).__name__} ({name}) has use_flash_attention=True. Set"
-        " use_flash_attention=False to use the dense path, which works for any"
-        " Tunix causal LM."
+        "Block-diffusion flash attention supports Tunix"
+        f" {SUPPORTED_FLASH_MODULES}; {type(model).__name__} ({name}) has"
+        " use_flash_attention=True. Set use_flash_attention=False to use the"
+        " dense path, which works for any Tunix causal LM."
     )
   module = sys.modules[name]
   for attribute in ("mask_lib", "splash"):
     if not hasattr(module, attribute):
-      raise ValueError(f"{name} has no `{attribute}` global to route attention through")
+      raise ValueError(
+          f"{name} has no `{attribute}` global to route attention through"
+      )
   return module
 
 
@@ -351,8 +370,12 @@ def model_segment_ids(
   """
   positions = jnp.asarray(positions)
   if positions.ndim != 2:
-    raise ValueError(f"positions must have shape [batch, length], got {positions.shape}")
-  documents = splash.combined_segment_ids(segment_ids, validity, positions.shape)
+    raise ValueError(
+        f"positions must have shape [batch, length], got {positions.shape}"
+    )
+  documents = splash.combined_segment_ids(
+      segment_ids, validity, positions.shape
+  )
   if not position_aware:
     return documents
   if documents is None:
@@ -447,7 +470,9 @@ def block_diffusion_logits(
         position_aware=scoped.position_aware,
     )
     with enable_block_diffusion_attention(model, **dataclasses.asdict(scoped)):
-      return modeling.call_model(model, tokens, positions, None, segment_ids=carrier)
+      return modeling.call_model(
+          model, tokens, positions, None, segment_ids=carrier
+      )
 
   if options.position_aware:
     logits = forward("dynamic")

@@ -59,7 +59,10 @@ def _check_int(name: str, value, minimum: int) -> int:
 def _check_shape(shape) -> tuple[int, int]:
   if not isinstance(shape, tuple) or len(shape) != 2:
     raise ValueError(f"shape must be a tuple (q_len, kv_len), got {shape!r}")
-  return (_check_int("shape[0]", shape[0], 1), _check_int("shape[1]", shape[1], 1))
+  return (
+      _check_int("shape[0]", shape[0], 1),
+      _check_int("shape[1]", shape[1], 1),
+  )
 
 
 def logical_index(physical, seq_len: int, cp_size: int):
@@ -103,7 +106,9 @@ class BlockCausalMask(splash_mask._ComputableMask):  # pylint: disable=protected
   block_size: int
   q_offset: int
 
-  def __init__(self, shape: tuple[int, int], block_size: int, *, q_offset: int = 0):
+  def __init__(
+      self, shape: tuple[int, int], block_size: int, *, q_offset: int = 0
+  ):
     shape = _check_shape(shape)
     block_size = masks.check_block_size(block_size)
     q_offset = _check_int("q_offset", q_offset, 0)
@@ -181,7 +186,13 @@ class LoadBalancedBlockCausalMask(splash_mask._ComputableMask):  # pylint: disab
     self.q_sequence = order
 
   def _key(self) -> tuple:
-    return (type(self), self.shape, self.block_size, self.cp_size, self.kv_reordered)
+    return (
+        type(self),
+        self.shape,
+        self.block_size,
+        self.cp_size,
+        self.kv_reordered,
+    )
 
   def __eq__(self, other: object):
     if not isinstance(other, LoadBalancedBlockCausalMask):
@@ -200,7 +211,11 @@ class LoadBalancedBlockCausalMask(splash_mask._ComputableMask):  # pylint: disab
 
 
 def block_causal_splash_mask(
-    seq_len: int, block_size: int, *, cp_size: int = 1, kv_reordered: bool = True
+    seq_len: int,
+    block_size: int,
+    *,
+    cp_size: int = 1,
+    kv_reordered: bool = True,
 ) -> BlockCausalMask | LoadBalancedBlockCausalMask:
   """The lazy mask for a length-L sequence in (load-balanced) physical order."""
   if cp_size == 1:
@@ -215,7 +230,9 @@ def default_interpret() -> bool:
   return jax.default_backend() != "tpu"
 
 
-def block_sizes(q_tile: int = 128, kv_tile: int = 128) -> splash_kernel.BlockSizes:
+def block_sizes(
+    q_tile: int = 128, kv_tile: int = 128
+) -> splash_kernel.BlockSizes:
   """Splash tile sizes for the forward and both backward kernels.
 
   Args:
@@ -225,7 +242,9 @@ def block_sizes(q_tile: int = 128, kv_tile: int = 128) -> splash_kernel.BlockSiz
   q_tile = _check_int("q_tile", q_tile, 1)
   kv_tile = _check_int("kv_tile", kv_tile, 1)
   if kv_tile % KV_TILE_MULTIPLE:
-    raise ValueError(f"kv_tile must be a multiple of {KV_TILE_MULTIPLE}, got {kv_tile}")
+    raise ValueError(
+        f"kv_tile must be a multiple of {KV_TILE_MULTIPLE}, got {kv_tile}"
+    )
   return splash_kernel.BlockSizes(
       block_q=q_tile,
       block_kv=kv_tile,
@@ -327,7 +346,9 @@ def tile_counts(
   )
   block_mask = np.asarray(info.block_mask)[0]  # [q_tiles, kv_tiles]
   per_shard = block_mask.reshape(q_seq_shards, -1)
-  return np.stack([(per_shard == kind).sum(axis=1) for kind in (0, 1, 2)], axis=1)
+  return np.stack(
+      [(per_shard == kind).sum(axis=1) for kind in (0, 1, 2)], axis=1
+  )
 
 
 def _batched(name: str, value, shape) -> jax.Array:
@@ -335,7 +356,10 @@ def _batched(name: str, value, shape) -> jax.Array:
   if value.ndim == 1:
     value = jnp.broadcast_to(value[None, :], shape)
   if value.shape != tuple(shape):
-    raise ValueError(f"{name} must have shape {tuple(shape)} [batch, length], got {value.shape}")
+    raise ValueError(
+        f"{name} must have shape {tuple(shape)} [batch, length], got"
+        f" {value.shape}"
+    )
   return value
 
 
@@ -400,7 +424,8 @@ def static_mask_matches(
     positions = positions[None, :]
   if positions.ndim != 2 or not jnp.issubdtype(positions.dtype, jnp.integer):
     raise ValueError(
-        f"positions must be an int array [batch, length], got {positions.dtype}{positions.shape}"
+        "positions must be an int array [batch, length], got"
+        f" {positions.dtype}{positions.shape}"
     )
   shape = positions.shape
   rows = jnp.asarray(context_parallel.load_balance_order(shape[1], cp_size))
@@ -421,7 +446,11 @@ def static_mask_matches(
     # Sorting by (invalid, document) puts each document's valid slots side by
     # side; the offset must not change between neighbours of one document.
     order = jnp.lexsort((doc_row, (~valid_row).astype(jnp.int32)))
-    offset_row, valid_row, doc_row = offset_row[order], valid_row[order], doc_row[order]
+    offset_row, valid_row, doc_row = (
+        offset_row[order],
+        valid_row[order],
+        doc_row[order],
+    )
     same_doc = (doc_row[1:] == doc_row[:-1]) & valid_row[1:] & valid_row[:-1]
     return jnp.all(jnp.where(same_doc, offset_row[1:] == offset_row[:-1], True))
 
@@ -471,7 +500,9 @@ def dynamic_splash_attention(
   num_heads, q_len, _ = query.shape
   seq_len = key.shape[1]
   if mask.shape != (q_len, seq_len):
-    raise ValueError(f"mask must have shape {(q_len, seq_len)} [Q, L], got {mask.shape}")
+    raise ValueError(
+        f"mask must have shape {(q_len, seq_len)} [Q, L], got {mask.shape}"
+    )
   q_tile = min(q_tile, q_len)
   sizes = block_sizes(q_tile, kv_tile)
   _check_tiles(seq_len, q_len, q_tile, kv_tile)
@@ -536,7 +567,9 @@ def splash_attention(
     float [B, L, N, H]; rows of invalid queries are unspecified.
   """
   if mask_mode not in MASK_MODES:
-    raise ValueError(f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}")
+    raise ValueError(
+        f"mask_mode must be one of {MASK_MODES}, got {mask_mode!r}"
+    )
   if query.ndim != 4 or key.ndim != 4 or value.shape != key.shape:
     raise ValueError(
         "query must be [B, L, N, H] and key, value [B, L, K, H]; got"
@@ -567,7 +600,9 @@ def splash_attention(
     )
     if segments is None:
       return jax.vmap(kernel)(q, k, v)
-    run = lambda q, k, v, s: kernel(q, k, v, segment_ids=splash_kernel.SegmentIds(s, s))
+    run = lambda q, k, v, s: kernel(
+        q, k, v, segment_ids=splash_kernel.SegmentIds(s, s)
+    )
     return jax.vmap(run)(q, k, v, segments)
 
   def dynamic_path(q, k, v, positions):
@@ -595,7 +630,11 @@ def splash_attention(
     out = dynamic_path(q, k, v, positions)
     return jnp.swapaxes(out, 1, 2)
   matches = static_mask_matches(
-      positions, block_size, segment_ids=segment_ids, validity=validity, cp_size=cp_size
+      positions,
+      block_size,
+      segment_ids=segment_ids,
+      validity=validity,
+      cp_size=cp_size,
   )
   # Inside jit even constant inputs give a traced answer; decide on it.
   traced = isinstance(matches, jax.core.Tracer)

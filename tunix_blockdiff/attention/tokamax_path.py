@@ -115,7 +115,10 @@ def tokamax_attention(
   implementation = resolve_implementation(implementation)
   if mask.dtype != jnp.bool_:
     raise TypeError(f"mask must be bool, got {mask.dtype}")
-  if mask.ndim != query.ndim - 1 or mask.shape[-2:] != (query.shape[-3], key.shape[-3]):
+  if mask.ndim != query.ndim - 1 or mask.shape[-2:] != (
+      query.shape[-3],
+      key.shape[-3],
+  ):
     raise ValueError(
         f"mask must have shape [..., T, S] = [..., {query.shape[-3]},"
         f" {key.shape[-3]}] matching query/key, got {mask.shape}"
