@@ -19,6 +19,7 @@ call, then timed over `--repeats` calls; the table reports medians.
 
     python benchmarks/rollout.py               # the README table
     python benchmarks/rollout.py --repeats 1 --new-tokens 64   # quick
+    tunix-blockdiff bench rollout [flags]       # the same, via the CLI
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -62,20 +64,40 @@ class IdTokenizer:
     return 0
 
 
-def _median_seconds(fn, repeats: int):
-  jax.block_until_ready(fn())  # compile and warm up
-  times, out = [], None
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times), out
+class _Program(NamedTuple):
+  name: str
+  mode: str
+  run: Callable[[], Any]  # returns something to block on
+  calls: Callable[[Any], int]  # model calls (or steps) of one run's output
+  tokens_per_call: Callable[[Any], float]
+  repeats: int
+
+
+def _time_round_robin(programs, repeats: int):
+  """Warm every program up, then time them in turns (fair under CPU noise)."""
+  outputs = {}
+  for program in programs:
+    outputs[program.name, program.mode] = jax.block_until_ready(program.run())
+    print(f"  compiled {program.name} / {program.mode}", flush=True)
+  times = {(p.name, p.mode): [] for p in programs}
+  for turn in range(repeats):
+    for program in programs:
+      if turn >= program.repeats:
+        continue
+      start = time.perf_counter()
+      jax.block_until_ready(program.run())
+      times[program.name, program.mode].append(time.perf_counter() - start)
+  return {
+      key: statistics.median(value) for key, value in times.items()
+  }, outputs
 
 
 def _prompts(batch: int, max_prompt: int, vocab: int, seed: int):
   """Left-padded prompts of distinct lengths in (max_prompt/4, max_prompt]."""
   rs = np.random.RandomState(seed)
-  lengths = np.linspace(max_prompt, max(1, max_prompt // 4 + 1), batch).astype(int)
+  lengths = np.linspace(max_prompt, max(1, max_prompt // 4 + 1), batch).astype(
+      int
+  )
   lengths = np.maximum(lengths - np.arange(batch) % 2, 1)  # mix even and odd
   tokens = np.zeros((batch, max_prompt), np.int32)
   for b, length in enumerate(lengths):
@@ -86,6 +108,12 @@ def _prompts(batch: int, max_prompt: int, vocab: int, seed: int):
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument(
+      "--cacheless-repeats",
+      type=int,
+      default=1,
+      help="timed runs of the (slow) cacheless program after its warm-up",
+  )
   parser.add_argument("--new-tokens", type=int, default=256)
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--max-prompt", type=int, default=64)
@@ -98,38 +126,61 @@ def main(argv=None) -> int:
   vocab, block, new = args.vocab, args.block_size, args.new_tokens
   mask = vocab - 1
   model = tiny_models.tiny_qwen3(
-      vocab, num_layers=NUM_LAYERS, embed_dim=EMBED, hidden_dim=HIDDEN,
-      num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=KV_HEADS,
+      vocab,
+      num_layers=NUM_LAYERS,
+      embed_dim=EMBED,
+      hidden_dim=HIDDEN,
+      num_heads=HEADS,
+      head_dim=HEAD_DIM,
+      num_kv_heads=KV_HEADS,
   )
   prompts, lengths = _prompts(args.batch, args.max_prompt, vocab, seed=0)
   tokens_out = args.batch * new
   modes = {
       "static (4 tok/step)": config_lib.DenoiseConfig(
-          block_size=block, mask_token_id=mask, steps_per_block=max(1, block // 4)
+          block_size=block,
+          mask_token_id=mask,
+          steps_per_block=max(1, block // 4),
       ),
       f"threshold {args.threshold}": config_lib.DenoiseConfig(
           block_size=block, mask_token_id=mask, threshold=args.threshold
       ),
   }
 
-  rows = []  # (program, mode, seconds, model calls, tokens per call)
-  steps_of = {}
+  def generation(config, use_cache):
+    return lambda: cached.generate(
+        model, prompts, lengths, config, max_new_tokens=new, use_cache=use_cache
+    )
+
+  def steps(result):
+    return int(result.num_steps)
+
+  def per_step(result):
+    return new / int(result.num_steps)
+
+  programs = []
   for mode, config in modes.items():
-    for use_cache in (True, False):
-      if not use_cache and args.skip_cacheless:
-        continue
-      name = "cached" if use_cache else "cacheless"
-      seconds, result = _median_seconds(
-          lambda: cached.generate(
-              model, prompts, lengths, config, max_new_tokens=new,
-              use_cache=use_cache,
-          ),
-          args.repeats,
+    programs.append(
+        _Program(
+            "cached",
+            mode,
+            generation(config, True),
+            steps,
+            per_step,
+            args.repeats,
+        )
+    )
+    if not args.skip_cacheless:
+      programs.append(
+          _Program(
+              "cacheless",
+              mode,
+              generation(config, False),
+              steps,
+              per_step,
+              args.cacheless_repeats,
+          )
       )
-      steps = int(result.num_steps)
-      steps_of[(name, mode)] = (seconds, steps)
-      rows.append((name, mode, seconds, steps, tokens_out / steps / args.batch))
-      print(f"  measured {name:9s} {mode}: {seconds:.3f} s, {steps} steps", flush=True)
 
   # Tunix's autoregressive sampler on the same model and prompts (greedy). The
   # mask id doubles as its EOS and is forbidden, so every row decodes `new`.
@@ -138,56 +189,83 @@ def main(argv=None) -> int:
       model,
       tokenizer,
       sampler_lib.CacheConfig(
-          cache_size=args.max_prompt + new + 8, num_layers=NUM_LAYERS,
-          num_kv_heads=KV_HEADS, head_dim=HEAD_DIM,
+          cache_size=args.max_prompt + new + 8,
+          num_layers=NUM_LAYERS,
+          num_kv_heads=KV_HEADS,
+          head_dim=HEAD_DIM,
       ),
   )
   texts = [
-      tokenizer.decode(p[args.max_prompt - n :]) for p, n in zip(prompts, lengths)
+      tokenizer.decode(p[args.max_prompt - n :])
+      for p, n in zip(prompts, lengths)
   ]
-  seconds, out = _median_seconds(
-      lambda: sampler(
-          texts, max_generation_steps=new, max_prompt_length=args.max_prompt,
-          eos_tokens=[mask], forbidden_tokens=[mask],
-      ).tokens,
-      args.repeats,
-  )
-  generated = max(len(t) for t in out)
-  rows.append(("tunix AR Sampler", "greedy", seconds, generated, 1.0))
-  ar_seconds = seconds
-  print(f"  measured tunix AR: {seconds:.3f} s, {generated} tokens/row", flush=True)
-
-  # The transition program alone: denoise over precomputed logits.
-  static = modes["static (4 tok/step)"]
-  tokens, positions, validity, completion = cached._sequence_layout(
-      prompts, lengths, np.zeros((args.batch, new), np.int32)
-  )
-  logits = jax.random.normal(
-      jax.random.key(1), tokens.shape + (vocab,), jnp.float32
-  ) * 3.0
-  transition = jax.jit(
-      lambda t, p, c, v, lg: denoise_lib.denoise(
-          lambda *_: lg, t, p, c, v, static
+  programs.append(
+      _Program(
+          "tunix AR Sampler",
+          "greedy",
+          lambda: sampler(
+              texts,
+              max_generation_steps=new,
+              max_prompt_length=args.max_prompt,
+              eos_tokens=[mask],
+              forbidden_tokens=[mask],
+          ).tokens,
+          lambda out: max(len(t) for t in out),
+          lambda out: 1.0,
+          args.repeats,
       )
   )
-  seconds, result = _median_seconds(
-      lambda: transition(tokens, positions, completion, validity, logits),
-      args.repeats,
+
+  # The transition program alone: denoise over precomputed logits.
+  static_mode = "static (4 tok/step)"
+  tokens, positions, validity, completion = cached.sequence_layout(
+      prompts, lengths, np.zeros((args.batch, new), np.int32)
   )
-  transition_steps = int(result.num_steps)
-  rows.append(
-      ("transition only", "static, precomputed logits", seconds, transition_steps,
-       tokens_out / transition_steps / args.batch)
+  logits = 3.0 * jax.random.normal(
+      jax.random.key(1), tokens.shape + (vocab,), jnp.float32
   )
+  transition = jax.jit(
+      lambda t, p, c, v, lg: denoise_lib.denoise(
+          lambda *_: lg, t, p, c, v, modes[static_mode]
+      )
+  )
+  programs.append(
+      _Program(
+          "transition only",
+          "static, precomputed logits",
+          lambda: transition(tokens, positions, completion, validity, logits),
+          steps,
+          per_step,
+          args.repeats,
+      )
+  )
+
+  seconds, outputs = _time_round_robin(programs, args.repeats)
+  rows = []
+  for p in programs:
+    out = outputs[p.name, p.mode]
+    rows.append((
+        p.name,
+        p.mode,
+        seconds[p.name, p.mode],
+        p.calls(out),
+        p.tokens_per_call(out),
+    ))
+  table = {(name, mode): (secs, calls) for name, mode, secs, calls, _ in rows}
 
   print()
   print(
       f"Tiny Qwen3 ({NUM_LAYERS} layers, width {EMBED}, vocab {vocab}), batch"
       f" {args.batch}, prompt lengths {lengths.tolist()}, {new} new tokens,"
-      f" block {block}, {args.repeats} repeats, {jax.devices()[0].platform.upper()}"
+      f" block {block}, median of {args.repeats} timed runs"
+      f" ({args.cacheless_repeats} for cacheless) after a warm-up,"
+      f" {jax.devices()[0].platform.upper()}"
   )
   print()
-  print("| program | mode | median s | tokens/s | model calls | ms/call | tokens/call/row |")
+  print(
+      "| program | mode | median s | tokens/s | model calls | ms/call |"
+      " tokens/call/row |"
+  )
   print("|---|---|---:|---:|---:|---:|---:|")
   for name, mode, seconds, calls, per_call in rows:
     print(
@@ -196,16 +274,27 @@ def main(argv=None) -> int:
     )
 
   print()
-  static_name = "static (4 tok/step)"
-  cached_static, cached_static_steps = steps_of[("cached", static_name)]
+  cached_static, cached_static_steps = table["cached", static_mode]
   checks = []
   for mode in modes:
-    if ("cacheless", mode) in steps_of:
-      ratio = steps_of[("cacheless", mode)][0] / steps_of[("cached", mode)][0]
-      checks.append((f"cached vs cacheless, {mode}", ratio, ">= 4x", ratio >= 4))
-  ratio = ar_seconds / cached_static
-  checks.append(("cached (4 tok/step) vs Tunix AR Sampler", ratio, ">= 1.5x", ratio >= 1.5))
-  overhead = (seconds / transition_steps) / (cached_static / cached_static_steps)
+    if ("cacheless", mode) in table:
+      ratio = table["cacheless", mode][0] / table["cached", mode][0]
+      checks.append(
+          (f"cached vs cacheless, {mode}", ratio, ">= 4x", ratio >= 4)
+      )
+  ratio = table["tunix AR Sampler", "greedy"][0] / cached_static
+  checks.append((
+      "cached (4 tok/step) vs Tunix AR Sampler",
+      ratio,
+      ">= 1.5x",
+      ratio >= 1.5,
+  ))
+  transition_seconds, transition_steps = table[
+      "transition only", "static, precomputed logits"
+  ]
+  overhead = (transition_seconds / transition_steps) / (
+      cached_static / cached_static_steps
+  )
   checks.append(
       ("transition step / cached step", overhead, "<= 10%", overhead <= 0.10)
   )

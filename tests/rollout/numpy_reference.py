@@ -17,7 +17,6 @@ import math
 
 import numpy as np
 
-
 # ----------------------------------------------------------------------------
 # A canvas-dependent logits function (NumPy twin of the JAX one in the tests).
 # ----------------------------------------------------------------------------
@@ -57,7 +56,9 @@ def context_logits(params, tokens, positions, validity):
   valid = np.asarray(validity, np.float64)
   length = tokens.shape[1]
   emb = params.embed.astype(np.float64)[tokens]  # [B, L, D]
-  weights = np.cos(0.5 * (pos[:, :, None] - pos[:, None, :])) * valid[:, None, :]
+  weights = (
+      np.cos(0.5 * (pos[:, :, None] - pos[:, None, :])) * valid[:, None, :]
+  )
   mixed = np.einsum("bij,bjd->bid", weights, emb) / length
   base = np.sin(pos[:, :, None] * params.freqs + params.phase)
   hidden = np.tanh(base + mixed)
@@ -145,7 +146,8 @@ def reference_denoise(
     hits = [
         positions[b, i]
         for i in range(length)
-        if completion[b, i] and commit[b, i] >= 0
+        if completion[b, i]
+        and commit[b, i] >= 0
         and tokens[b, i] == config.eos_token_id
     ]
     return min(hits) if hits else None
@@ -166,7 +168,9 @@ def reference_denoise(
     logits = np.asarray(logits_of(tokens), np.float64)
     noise = None if config.temperature == 0 else np.asarray(noise_of(step))
     for b in live:
-      masked = [i for i in range(length) if completion[b, i] and commit[b, i] < 0]
+      masked = [
+          i for i in range(length) if completion[b, i] and commit[b, i] < 0
+      ]
       active = min(positions[b, i] // bs for i in masked)
       eligible = [i for i in masked if positions[b, i] // bs == active]
       if active != last_block[b]:
@@ -175,7 +179,9 @@ def reference_denoise(
       for i in eligible:
         dist, filter_margin = proposal_distribution(logits[b, i], config)
         margin = min(margin, filter_margin)
-        scores = dist if noise is None else dist + noise[b, positions[b, i] % bs]
+        scores = (
+            dist if noise is None else dist + noise[b, positions[b, i] % bs]
+        )
         margin = min(margin, _gap(scores))
         proposal[i] = int(np.argmax(scores))
         logp[i] = dist[proposal[i]]
@@ -190,7 +196,9 @@ def reference_denoise(
           margin = min(margin, conf[ranked[count - 1]] - conf[ranked[count]])
       else:
         if config.threshold < 1.0:
-          margin = min(margin, min(abs(c - config.threshold) for c in conf.values()))
+          margin = min(
+              margin, min(abs(c - config.threshold) for c in conf.values())
+          )
         chosen = [i for i in eligible if conf[i] > config.threshold]
         if not chosen:
           chosen = ranked[:1]

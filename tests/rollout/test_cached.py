@@ -40,7 +40,9 @@ def _model(name):
 def _prompts(lengths, seed=0):
   """Left-padded prompts; the padding holds junk tokens that must not matter."""
   rs = np.random.RandomState(seed)
-  return rs.randint(0, MASK, size=(len(lengths), PROMPT_WIDTH)), np.array(lengths)
+  return rs.randint(0, MASK, size=(len(lengths), PROMPT_WIDTH)), np.array(
+      lengths
+  )
 
 
 # (model, config, prompt lengths). Prompt lengths mix a full-width prompt, a
@@ -52,7 +54,10 @@ CASES = {
     "qwen3-threshold-eos": (
         "qwen3",
         config_lib.DenoiseConfig(
-            block_size=BLOCK, mask_token_id=MASK, threshold=0.1, eos_token_id=25,
+            block_size=BLOCK,
+            mask_token_id=MASK,
+            threshold=0.1,
+            eos_token_id=25,
             pad_token_id=0,
         ),
         [11, 0, 8, 5],
@@ -60,22 +65,31 @@ CASES = {
     "qwen3-static-sampled-shifted": (
         "qwen3",
         config_lib.DenoiseConfig(
-            block_size=BLOCK, mask_token_id=MASK, steps_per_block=2,
-            temperature=1.0, top_k=10, alignment="shifted",
+            block_size=BLOCK,
+            mask_token_id=MASK,
+            steps_per_block=2,
+            temperature=1.0,
+            top_k=10,
+            alignment="shifted",
         ),
         [11, 3, 8, 1],
     ),
     "llama3-threshold-eos-shifted": (
         "llama3",
         config_lib.DenoiseConfig(
-            block_size=BLOCK, mask_token_id=MASK, threshold=0.05, eos_token_id=13,
+            block_size=BLOCK,
+            mask_token_id=MASK,
+            threshold=0.05,
+            eos_token_id=13,
             alignment="shifted",
         ),
         [11, 3, 8, 5],
     ),
     "llama3-static": (
         "llama3",
-        config_lib.DenoiseConfig(block_size=BLOCK, mask_token_id=MASK, steps_per_block=3),
+        config_lib.DenoiseConfig(
+            block_size=BLOCK, mask_token_id=MASK, steps_per_block=3
+        ),
         [4, 9, 2, 11],
     ),
 }
@@ -86,20 +100,27 @@ def _generated(case, use_cache):
   name, config, lengths = CASES[case]
   prompts, lengths = _prompts(lengths)
   return cached.generate(
-      _model(name), prompts, lengths, config, max_new_tokens=NEW_TOKENS,
-      rng=jax.random.key(3), use_cache=use_cache,
+      _model(name),
+      prompts,
+      lengths,
+      config,
+      max_new_tokens=NEW_TOKENS,
+      rng=jax.random.key(3),
+      use_cache=use_cache,
   )
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_cached_equals_cacheless(case):
-  fast = _generated(case, True)
+def _assert_cached_equals_cacheless(case, fast):
   slow = _generated(case, False)
   for name in ("tokens", "commit_step", "trace_tokens", "trace_commit_step"):
-    np.testing.assert_array_equal(getattr(fast, name), getattr(slow, name), err_msg=name)
+    np.testing.assert_array_equal(
+        getattr(fast, name), getattr(slow, name), err_msg=name
+    )
   assert int(fast.num_steps) == int(slow.num_steps)
   np.testing.assert_allclose(fast.logprobs, slow.logprobs, atol=1e-4)
-  np.testing.assert_allclose(fast.trace_logprobs, slow.trace_logprobs, atol=1e-4)
+  np.testing.assert_allclose(
+      fast.trace_logprobs, slow.trace_logprobs, atol=1e-4
+  )
   # Every row committed all of its slots (or stopped at EOS); no mask token out.
   tokens, steps = np.asarray(fast.tokens), np.asarray(fast.commit_step)
   assert not np.any(tokens == MASK)
@@ -112,8 +133,12 @@ def test_cached_equals_cacheless(case):
     for b in range(tokens.shape[0]):
       if padded[b].any():
         first = np.argmax(tokens[b] == config.eos_token_id)
-        assert np.all(padded[b, first + 1 :]) and not padded[b, : first + 1].any()
-        np.testing.assert_array_equal(tokens[b, first + 1 :], config.pad_token_id)
+        assert (
+            np.all(padded[b, first + 1 :]) and not padded[b, : first + 1].any()
+        )
+        np.testing.assert_array_equal(
+            tokens[b, first + 1 :], config.pad_token_id
+        )
 
 
 @functools.lru_cache(maxsize=None)
@@ -124,19 +149,19 @@ def _scorer(model_name, alignment):
   @jax.jit
   def score(tokens, positions, validity):
     return modeling.block_diffusion_logits(
-        model, tokens, positions, block_size=BLOCK, alignment=alignment,
+        model,
+        tokens,
+        positions,
+        block_size=BLOCK,
+        alignment=alignment,
         validity=validity,
     )
 
   return score
 
 
-@pytest.mark.parametrize(
-    "case", ["qwen3-threshold-eos", "qwen3-static-sampled-shifted"]
-)
-def test_recorded_logprobs_equal_fresh_scoring_of_each_step(case):
+def _assert_logprobs_equal_fresh_scoring_of_each_step(case, result):
   name, config, _ = CASES[case]
-  result = _generated(case, True)
   _, positions, validity, completion = result.sequence()
   num_steps = int(result.num_steps)
   # Rebuild every step's canvas from the trace and score them in one pass.
@@ -146,21 +171,25 @@ def test_recorded_logprobs_equal_fresh_scoring_of_each_step(case):
   tile = lambda x: jnp.tile(x, (num_steps, 1))
   logits = np.asarray(
       _scorer(name, config.alignment)(canvases, tile(positions), tile(validity))
-  ).reshape((num_steps,) + result.tokens.shape[:1] + canvases.shape[1:] + (VOCAB,))
+  ).reshape(
+      (num_steps,) + result.tokens.shape[:1] + canvases.shape[1:] + (VOCAB,)
+  )
   steps = np.asarray(result.trace_commit_step)
   tokens = np.asarray(result.trace_tokens)
   recorded = np.asarray(result.trace_logprobs)
   start = PROMPT_WIDTH
   checked = 0
   for b, n in zip(*np.nonzero(steps >= 0)):
-    law, _ = ref.proposal_distribution(logits[steps[b, n], b, start + n], config)
+    law, _ = ref.proposal_distribution(
+        logits[steps[b, n], b, start + n], config
+    )
     np.testing.assert_allclose(recorded[b, n], law[tokens[b, n]], atol=1e-4)
     checked += 1
   assert checked == (steps >= 0).sum() > 0
 
 
-def test_sequence_layout_and_canvas_at():
-  result = _generated("qwen3-threshold-eos", True)
+def _assert_sequence_layout_and_canvas_at(case, result):
+  del case
   tokens, positions, validity, completion = map(np.asarray, result.sequence())
   lengths = np.asarray(result.prompt_lengths)
   for b, length in enumerate(lengths):
@@ -170,20 +199,23 @@ def test_sequence_layout_and_canvas_at():
         positions[b, pad:], np.arange(length + NEW_TOKENS)
     )
   np.testing.assert_array_equal(tokens[:, PROMPT_WIDTH:], result.tokens)
-  assert completion[:, PROMPT_WIDTH:].all() and not completion[:, :PROMPT_WIDTH].any()
+  assert (
+      completion[:, PROMPT_WIDTH:].all()
+      and not completion[:, :PROMPT_WIDTH].any()
+  )
   first = np.asarray(result.canvas_at(0, MASK))
   np.testing.assert_array_equal(first[:, PROMPT_WIDTH:], MASK)
   last = np.asarray(result.canvas_at(int(result.num_steps), MASK))
   committed = np.asarray(result.trace_commit_step) >= 0
   np.testing.assert_array_equal(
-      last[:, PROMPT_WIDTH:][committed], np.asarray(result.trace_tokens)[committed]
+      last[:, PROMPT_WIDTH:][committed],
+      np.asarray(result.trace_tokens)[committed],
   )
 
 
-def test_program_is_compiled_once_and_takes_new_weights():
-  name, config, lengths = CASES["llama3-static"]
+def _assert_compiled_once_and_takes_new_weights(case, before):
+  name, config, lengths = CASES[case]
   model = _model(name)
-  before = _generated("llama3-static", True)
   prompts, lengths = _prompts(lengths)
   program = cached._PROGRAMS[model][(config, NEW_TOKENS, True)][1]
   # New prompts, same shapes: no retrace.
@@ -206,19 +238,70 @@ def test_program_is_compiled_once_and_takes_new_weights():
   assert not np.array_equal(flipped.tokens, before.tokens)
 
 
+# The checks each case's results go through. One test per case keeps every
+# compiled program inside one pytest-xdist worker (compiles dominate).
+CHECKS = {
+    "qwen3-threshold-eos": (
+        _assert_cached_equals_cacheless,
+        _assert_logprobs_equal_fresh_scoring_of_each_step,
+        _assert_sequence_layout_and_canvas_at,
+    ),
+    "qwen3-static-sampled-shifted": (
+        _assert_cached_equals_cacheless,
+        _assert_logprobs_equal_fresh_scoring_of_each_step,
+    ),
+    "llama3-threshold-eos-shifted": (_assert_cached_equals_cacheless,),
+    "llama3-static": (
+        _assert_cached_equals_cacheless,
+        _assert_compiled_once_and_takes_new_weights,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_generate(case):
+  result = _generated(case, True)
+  for check in CHECKS[case]:
+    check(case, result)
+
+
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(prompt_tokens=np.zeros((4,), np.int32)), ValueError, "prompt_tokens must have shape"),
-        (dict(prompt_tokens=np.zeros((4, 11), np.float32)), TypeError, "integer dtype"),
-        (dict(prompt_lengths=np.array([1, 2, 3])), ValueError, "prompt_lengths must have shape"),
-        (dict(prompt_lengths=np.array([1, 2, 3, 12])), ValueError, "prompt_lengths must lie"),
-        (dict(prompt_lengths=np.array([1, 2, 3, -1])), ValueError, "prompt_lengths must lie"),
+        (
+            dict(prompt_tokens=np.zeros((4,), np.int32)),
+            ValueError,
+            "prompt_tokens must have shape",
+        ),
+        (
+            dict(prompt_tokens=np.zeros((4, 11), np.float32)),
+            TypeError,
+            "integer dtype",
+        ),
+        (
+            dict(prompt_lengths=np.array([1, 2, 3])),
+            ValueError,
+            "prompt_lengths must have shape",
+        ),
+        (
+            dict(prompt_lengths=np.array([1, 2, 3, 12])),
+            ValueError,
+            "prompt_lengths must lie",
+        ),
+        (
+            dict(prompt_lengths=np.array([1, 2, 3, -1])),
+            ValueError,
+            "prompt_lengths must lie",
+        ),
         (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
         (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
         (dict(config=dict(block_size=4)), TypeError, "DenoiseConfig"),
         (
-            dict(config=config_lib.DenoiseConfig(block_size=4, mask_token_id=MASK, temperature=1.0)),
+            dict(
+                config=config_lib.DenoiseConfig(
+                    block_size=4, mask_token_id=MASK, temperature=1.0
+                )
+            ),
             ValueError,
             "rng",
         ),
@@ -244,6 +327,9 @@ def test_generate_validation(kwargs, error, match):
   args.update(kwargs)
   with pytest.raises(error, match=match):
     cached.generate(
-        _model("qwen3"), args["prompt_tokens"], args["prompt_lengths"],
-        args["config"], max_new_tokens=args["max_new_tokens"],
+        _model("qwen3"),
+        args["prompt_tokens"],
+        args["prompt_lengths"],
+        args["config"],
+        max_new_tokens=args["max_new_tokens"],
     )

@@ -39,9 +39,15 @@ CONFIGS = (
     _config(block_size=4, threshold=1.0),
     _config(block_size=3, steps_per_block=2),
     _config(block_size=5, threshold=0.7, eos_token_id=EOS),
-    _config(block_size=4, steps_per_block=3, eos_token_id=EOS, alignment="shifted"),
     _config(
-        block_size=4, threshold=0.6, temperature=0.8, top_k=5, top_p=0.9,
+        block_size=4, steps_per_block=3, eos_token_id=EOS, alignment="shifted"
+    ),
+    _config(
+        block_size=4,
+        threshold=0.6,
+        temperature=0.8,
+        top_k=5,
+        top_p=0.9,
         eos_token_id=EOS,
     ),
 )
@@ -52,7 +58,9 @@ def jax_context_logits(params, tokens, positions, validity):
   """JAX twin of `ref.context_logits` (float32)."""
   embed, unembed, freqs, phase = params
   pos = positions.astype(jnp.float32)
-  weights = jnp.cos(0.5 * (pos[:, :, None] - pos[:, None, :])) * validity[:, None, :]
+  weights = (
+      jnp.cos(0.5 * (pos[:, :, None] - pos[:, None, :])) * validity[:, None, :]
+  )
   mixed = jnp.einsum("bij,bjd->bid", weights, embed[tokens]) / tokens.shape[1]
   hidden = jnp.tanh(jnp.sin(pos[:, :, None] * freqs + phase) + mixed)
   return ref.make_params(0, VOCAB).scale * hidden @ unembed
@@ -60,7 +68,8 @@ def jax_context_logits(params, tokens, positions, validity):
 
 def _jax_params(params):
   return tuple(
-      jnp.asarray(x) for x in (params.embed, params.unembed, params.freqs, params.phase)
+      jnp.asarray(x)
+      for x in (params.embed, params.unembed, params.freqs, params.phase)
   )
 
 
@@ -153,8 +162,13 @@ def test_matches_numpy_reference(case):
   np.testing.assert_array_equal(result.commit_step, expected["commit_step"])
   assert int(result.num_steps) == expected["num_steps"]
   np.testing.assert_allclose(result.logprobs, expected["logprobs"], atol=1e-4)
-  assert result.tokens.dtype == jnp.int32 and result.commit_step.dtype == jnp.int32
-  assert result.logprobs.dtype == jnp.float32 and result.num_steps.dtype == jnp.int32
+  assert (
+      result.tokens.dtype == jnp.int32 and result.commit_step.dtype == jnp.int32
+  )
+  assert (
+      result.logprobs.dtype == jnp.float32
+      and result.num_steps.dtype == jnp.int32
+  )
 
 
 def _random_case(config, seed=0, cp=1, lengths=None):
@@ -286,14 +300,18 @@ def test_mask_token_is_never_proposed(temperature):
 
 
 def test_eos_stops_the_row_and_pads_after_it():
-  config = _config(block_size=4, threshold=0.5, eos_token_id=EOS, pad_token_id=7)
+  config = _config(
+      block_size=4, threshold=0.5, eos_token_id=EOS, pad_token_id=7
+  )
   eos_at = 9  # logical position of the EOS in row 0 (inside block 2)
 
   def logits_fn(tokens, positions):
     # Confident token 5 everywhere; row 0 proposes EOS at `eos_at` and two
     # slots after it, which are committed in the same step (same block).
     want = jnp.where(
-        (jnp.arange(2)[:, None] == 0) & (positions >= eos_at) & (positions < eos_at + 2),
+        (jnp.arange(2)[:, None] == 0)
+        & (positions >= eos_at)
+        & (positions < eos_at + 2),
         EOS,
         5,
     )
@@ -303,8 +321,12 @@ def test_eos_stops_the_row_and_pads_after_it():
   completion = positions >= 3
   result, trace = jax.jit(
       lambda: denoise_lib.denoise_with_trace(
-          logits_fn, np.zeros((2, 20), np.int32), positions, completion,
-          np.ones((2, 20), bool), config,
+          logits_fn,
+          np.zeros((2, 20), np.int32),
+          positions,
+          completion,
+          np.ones((2, 20), bool),
+          config,
       )
   )()
   tokens, steps = np.asarray(result.tokens), np.asarray(result.commit_step)
@@ -312,7 +334,9 @@ def test_eos_stops_the_row_and_pads_after_it():
   assert tokens[0, eos_at] == EOS
   np.testing.assert_array_equal(tokens[0, eos_at + 1 :], 7)
   np.testing.assert_array_equal(steps[0, eos_at + 1 :], -1)
-  np.testing.assert_array_equal(np.asarray(result.logprobs)[0, eos_at + 1 :], 0.0)
+  np.testing.assert_array_equal(
+      np.asarray(result.logprobs)[0, eos_at + 1 :], 0.0
+  )
   # Block [8, 12) commits in one step; the row stops there, row 1 goes on.
   assert steps[0, eos_at] == steps[0, 8] == np.asarray(trace.commit_step)[0, 11]
   assert int(result.num_steps) == steps[1].max() + 1 > steps[0].max() + 1
@@ -326,9 +350,15 @@ def test_sampling_is_deterministic_per_key():
   config = SAMPLED
   params, canvas, positions, completion, validity = _random_case(config, seed=7)
   run = _runner(config)
-  first, _ = run(params, canvas, positions, completion, validity, jax.random.key(11))
-  again, _ = run(params, canvas, positions, completion, validity, jax.random.key(11))
-  other, _ = run(params, canvas, positions, completion, validity, jax.random.key(12))
+  first, _ = run(
+      params, canvas, positions, completion, validity, jax.random.key(11)
+  )
+  again, _ = run(
+      params, canvas, positions, completion, validity, jax.random.key(11)
+  )
+  other, _ = run(
+      params, canvas, positions, completion, validity, jax.random.key(12)
+  )
   for name in ("tokens", "commit_step", "logprobs"):
     np.testing.assert_array_equal(getattr(first, name), getattr(again, name))
   assert not np.array_equal(first.tokens, other.tokens)
@@ -346,8 +376,12 @@ def test_recorded_logprobs_equal_fresh_scoring_of_each_step_canvas(config):
   for step in range(int(result.num_steps)):
     # The step's canvas: tokens committed before it, mask elsewhere.
     committed = completion & (trace_steps >= 0) & (trace_steps < step)
-    rebuilt = np.where(completion, np.where(committed, trace_tokens, MASK), canvas)
-    logits = ref.context_logits(ref.make_params(9, VOCAB), rebuilt, positions, validity)
+    rebuilt = np.where(
+        completion, np.where(committed, trace_tokens, MASK), canvas
+    )
+    logits = ref.context_logits(
+        ref.make_params(9, VOCAB), rebuilt, positions, validity
+    )
     for b, i in zip(*np.nonzero(trace_steps == step)):
       law, _ = ref.proposal_distribution(logits[b, i], config)
       np.testing.assert_allclose(
@@ -389,13 +423,41 @@ def _call(config=None, rng=None, logits_fn=None, **overrides):
 @pytest.mark.parametrize(
     "overrides, error, match",
     [
-        (dict(canvas=np.zeros((2, 7), np.int32)), ValueError, "positions must have the shape"),
-        (dict(validity=np.ones((2, 9), bool)), ValueError, "validity must have the shape"),
-        (dict(canvas=np.zeros((2, 8), np.float32)), TypeError, "canvas must have an integer"),
-        (dict(positions=np.zeros((2, 8), np.float32)), TypeError, "positions must have an integer"),
-        (dict(completion=np.ones((2, 8), np.int32)), TypeError, "completion must have dtype bool"),
-        (dict(validity=np.ones((2, 8), np.int32)), TypeError, "validity must have dtype bool"),
-        (dict(canvas=np.zeros((8,), np.int32)), ValueError, "canvas must have shape"),
+        (
+            dict(canvas=np.zeros((2, 7), np.int32)),
+            ValueError,
+            "positions must have the shape",
+        ),
+        (
+            dict(validity=np.ones((2, 9), bool)),
+            ValueError,
+            "validity must have the shape",
+        ),
+        (
+            dict(canvas=np.zeros((2, 8), np.float32)),
+            TypeError,
+            "canvas must have an integer",
+        ),
+        (
+            dict(positions=np.zeros((2, 8), np.float32)),
+            TypeError,
+            "positions must have an integer",
+        ),
+        (
+            dict(completion=np.ones((2, 8), np.int32)),
+            TypeError,
+            "completion must have dtype bool",
+        ),
+        (
+            dict(validity=np.ones((2, 8), np.int32)),
+            TypeError,
+            "validity must have dtype bool",
+        ),
+        (
+            dict(canvas=np.zeros((8,), np.int32)),
+            ValueError,
+            "canvas must have shape",
+        ),
         (
             dict(validity=np.tile(np.arange(8) < 6, (2, 1))),
             ValueError,
@@ -441,8 +503,12 @@ def test_shifted_needs_logical_position_zero_in_the_prompt():
   validity = np.tile(np.arange(8) > 0, (2, 1))
   positions = np.tile(np.arange(8), (2, 1))
   with pytest.raises(ValueError, match="logical position 0"):
-    _call(config=shifted, validity=validity, positions=positions,
-          completion=validity & (positions >= 1))
+    _call(
+        config=shifted,
+        validity=validity,
+        positions=positions,
+        completion=validity & (positions >= 1),
+    )
   inputs = _valid_inputs()  # prompt at logical 0..2: fine
   denoise_lib.check_canvas_values(
       inputs["positions"], inputs["completion"], inputs["validity"], shifted
@@ -469,9 +535,17 @@ def test_shape_checks_run_at_trace_time_under_jit():
   def run(canvas, positions, completion, validity):
     return denoise_lib.denoise(
         lambda t, p: jnp.zeros(t.shape + (VOCAB,)),
-        canvas, positions, completion, validity, _config(block_size=4),
+        canvas,
+        positions,
+        completion,
+        validity,
+        _config(block_size=4),
     )
 
   with pytest.raises(TypeError, match="completion must have dtype bool"):
-    run(inputs["canvas"], inputs["positions"], inputs["completion"].astype(np.int32),
-        inputs["validity"])
+    run(
+        inputs["canvas"],
+        inputs["positions"],
+        inputs["completion"].astype(np.int32),
+        inputs["validity"],
+    )

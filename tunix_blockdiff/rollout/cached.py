@@ -94,7 +94,7 @@ class GenerationResult(NamedTuple):
       completion]`, completion from `tokens` (EOS-padded), padding slots at
       logical position 0 and invalid.
     """
-    return _sequence_layout(self.prompt_tokens, self.prompt_lengths, self.tokens)
+    return sequence_layout(self.prompt_tokens, self.prompt_lengths, self.tokens)
 
   def canvas_at(self, step, mask_token_id: int) -> jax.Array:
     """The canvas the model saw at `step`: int32 [B, P + N].
@@ -106,10 +106,23 @@ class GenerationResult(NamedTuple):
     """
     committed = (self.trace_commit_step >= 0) & (self.trace_commit_step < step)
     completion = jnp.where(committed, self.trace_tokens, mask_token_id)
-    return _sequence_layout(self.prompt_tokens, self.prompt_lengths, completion)[0]
+    layout = sequence_layout(self.prompt_tokens, self.prompt_lengths, completion)
+    return layout[0]
 
 
-def _sequence_layout(prompt_tokens, prompt_lengths, completion_tokens):
+def sequence_layout(prompt_tokens, prompt_lengths, completion_tokens):
+  """Rows `[left padding | prompt | completion]` as `denoise` inputs.
+
+  Args:
+    prompt_tokens: int [B, P] left-padded prompts.
+    prompt_lengths: int [B] prompt lengths.
+    completion_tokens: int [B, N] completion slots (any content).
+
+  Returns:
+    (tokens int32 [B, P + N], positions int32 [B, P + N], validity bool
+    [B, P + N], completion bool [B, P + N]); padding slots sit at logical
+    position 0 and are invalid.
+  """
   prompt_tokens = jnp.asarray(prompt_tokens, jnp.int32)
   lengths = jnp.asarray(prompt_lengths, jnp.int32)
   batch, width = prompt_tokens.shape
@@ -195,7 +208,9 @@ def _copy_scratch(old_cache, new_cache, scratch: int, size: int, start, keep):
   for name, layer in old_cache.items():
     updated = dict(layer)
     for key in ("k", "v"):
-      fresh = jax.lax.dynamic_slice_in_dim(new_cache[name][key], scratch, size, 1)
+      fresh = jax.lax.dynamic_slice_in_dim(
+          new_cache[name][key], scratch, size, 1
+      )
       current = _row_slice(layer[key], start, size)
       chosen = jnp.where(keep[:, None, None, None], fresh, current)
       updated[key] = _row_update(layer[key], chosen, start)
@@ -315,7 +330,9 @@ def _cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     )
     prefix = kv_slot < state.written[:, None, None]
     write_keys = _scratch_valid(write_valid, total, cache_len)[:, None, :]
-    active_keys = _scratch_valid(window_valid, total + width, cache_len)[:, None, :]
+    active_keys = _scratch_valid(window_valid, total + width, cache_len)[
+        :, None, :
+    ]
     mask = jnp.concatenate(
         [
             jnp.broadcast_to(prefix | write_keys, (batch, width, cache_len)),
@@ -328,7 +345,9 @@ def _cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     logits, new_cache = call(
         tokens, call_positions, _at_write_index(state.cache, total), mask
     )
-    cache = _copy_scratch(state.cache, new_cache, total, width, write_start, pending)
+    cache = _copy_scratch(
+        state.cache, new_cache, total, width, write_start, pending
+    )
     carry = jnp.where(pending[:, None], logits[:, width - 1], state.carry)
     written = jnp.where(pending, state.written + width, state.written)
     return align(logits[:, width:], carry), cache, written, carry
@@ -374,7 +393,9 @@ def _cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     return _CachedState(
         step=state.step + 1,
         tokens=merge(state.tokens, proposal),
-        commit_step=merge(state.commit_step, jnp.full_like(proposal, state.step)),
+        commit_step=merge(
+            state.commit_step, jnp.full_like(proposal, state.step)
+        ),
         logprobs=merge(state.logprobs, log_prob),
         block_steps=jnp.where(live, block_steps + 1, state.block_steps),
         last_block=jnp.where(live, block, state.last_block),
@@ -396,7 +417,12 @@ def _cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   )
   final = jax.lax.while_loop(cond, body, init)
   padded = denoise_lib.pad_after_eos(
-      final.tokens, final.commit_step, final.logprobs, positions, completion, config
+      final.tokens,
+      final.commit_step,
+      final.logprobs,
+      positions,
+      completion,
+      config,
   )
   new_slots = lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
 
@@ -426,7 +452,7 @@ def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new):
   """`denoise` over full-sequence block-causal logits, as a GenerationResult."""
   lengths = lengths.astype(jnp.int32)
   placeholder = jnp.zeros((prompt_tokens.shape[0], num_new), jnp.int32)
-  tokens, positions, validity, completion = _sequence_layout(
+  tokens, positions, validity, completion = sequence_layout(
       prompt_tokens, lengths, placeholder
   )
   logits_fn = modeling.make_logits_fn(
@@ -480,9 +506,13 @@ def _program(model, graphdef, key, use_cache: bool):
   return jitted
 
 
-def _check_generate_inputs(prompt_tokens, prompt_lengths, config, max_new_tokens, rng):
+def _check_generate_inputs(
+    prompt_tokens, prompt_lengths, config, max_new_tokens, rng
+):
   if not isinstance(config, config_lib.DenoiseConfig):
-    raise TypeError(f"config must be a DenoiseConfig, got {type(config).__name__}")
+    raise TypeError(
+        f"config must be a DenoiseConfig, got {type(config).__name__}"
+    )
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -495,15 +525,17 @@ def _check_generate_inputs(prompt_tokens, prompt_lengths, config, max_new_tokens
   prompt_lengths = jnp.asarray(prompt_lengths)
   if prompt_tokens.ndim != 2:
     raise ValueError(
-        f"prompt_tokens must have shape [batch, prompt_width], got"
+        "prompt_tokens must have shape [batch, prompt_width], got"
         f" {prompt_tokens.shape}"
     )
   if not jnp.issubdtype(prompt_tokens.dtype, jnp.integer):
-    raise TypeError(f"prompt_tokens must have an integer dtype, got {prompt_tokens.dtype}")
+    raise TypeError(
+        f"prompt_tokens must have an integer dtype, got {prompt_tokens.dtype}"
+    )
   if prompt_lengths.shape != prompt_tokens.shape[:1]:
     raise ValueError(
-        f"prompt_lengths must have shape [batch] = {prompt_tokens.shape[:1]}, got"
-        f" {prompt_lengths.shape}"
+        f"prompt_lengths must have shape [batch] = {prompt_tokens.shape[:1]},"
+        f" got {prompt_lengths.shape}"
     )
   if not jnp.issubdtype(prompt_lengths.dtype, jnp.integer):
     raise TypeError(
@@ -524,7 +556,9 @@ def _check_generate_inputs(prompt_tokens, prompt_lengths, config, max_new_tokens
   return prompt_tokens.astype(jnp.int32), prompt_lengths.astype(jnp.int32)
 
 
-def _check_model_for_cache(model, config, prompt_width: int, num_new: int) -> None:
+def _check_model_for_cache(
+    model, config, prompt_width: int, num_new: int
+) -> None:
   """Raises for attention variants that ignore the explicit cache mask."""
   model_config = getattr(model, "config", None)
   if getattr(model_config, "use_flash_attention", False):
@@ -539,7 +573,7 @@ def _check_model_for_cache(model, config, prompt_width: int, num_new: int) -> No
   cache_len = -(-(prompt_width + num_new) // width) * width + 2 * width
   if window is not None and cache_len > window:
     raise ValueError(
-        f"generate(use_cache=True) keeps the cache in logical order plus 2 *"
+        "generate(use_cache=True) keeps the cache in logical order plus 2 *"
         f" block_size scratch slots ({cache_len} here); the model's sliding"
         f" window ({window}) indexes the cache by physical slot, so the cached"
         " driver is exact only while that length fits in the window. Shorten"

@@ -132,7 +132,9 @@ def row_status(
     first_eos = first_eos_position(
         tokens, commit_step, positions, completion, config
     )
-    pending_before_eos = jnp.any(masked & (positions < first_eos[:, None]), axis=1)
+    pending_before_eos = jnp.any(
+        masked & (positions < first_eos[:, None]), axis=1
+    )
     finished = (first_eos < _BIG) & ~pending_before_eos
     live &= ~finished
   active_block = jnp.min(
@@ -231,7 +233,9 @@ def propose(
   else:
     scores = log_probs
   proposal = jnp.argmax(scores, axis=-1).astype(jnp.int32)
-  log_prob = jnp.take_along_axis(log_probs, proposal[..., None], axis=-1)[..., 0]
+  log_prob = jnp.take_along_axis(log_probs, proposal[..., None], axis=-1)[
+      ..., 0
+  ]
   return proposal, log_prob
 
 
@@ -305,7 +309,9 @@ def pad_after_eos(
   """
   if config.eos_token_id is None:
     return tokens, commit_step, logprobs
-  first_eos = first_eos_position(tokens, commit_step, positions, completion, config)
+  first_eos = first_eos_position(
+      tokens, commit_step, positions, completion, config
+  )
   after = completion & (positions > first_eos[:, None])
   return (
       jnp.where(after, config.pad_token_id, tokens).astype(jnp.int32),
@@ -318,7 +324,7 @@ def check_vocab(vocab: int, config: config_lib.DenoiseConfig) -> None:
   """Raises unless every special id of `config` is a token of `vocab`."""
   if vocab < 2:
     raise ValueError(
-        f"logits_fn must return a vocabulary of >= 2 tokens (the mask token is"
+        "logits_fn must return a vocabulary of >= 2 tokens (the mask token is"
         f" never proposed), got V={vocab}"
     )
   for name in ("mask_token_id", "eos_token_id", "pad_token_id"):
@@ -341,7 +347,9 @@ def _is_concrete(*arrays) -> bool:
 def _as_array(name: str, value, kind: str) -> jax.Array:
   value = jnp.asarray(value)
   if value.ndim != 2:
-    raise ValueError(f"{name} must have shape [batch, length], got {value.shape}")
+    raise ValueError(
+        f"{name} must have shape [batch, length], got {value.shape}"
+    )
   if kind == "int" and not jnp.issubdtype(value.dtype, jnp.integer):
     raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
   if kind == "bool" and value.dtype != jnp.bool_:
@@ -377,8 +385,8 @@ def check_canvas_values(
     # Sorted by logical position, completion must be False...False True...True.
     if np.any(comp_sorted[:-1] & ~comp_sorted[1:]):
       raise ValueError(
-          f"row {b}: completion must be one contiguous suffix of the row's valid"
-          " logical positions (a prompt slot follows a completion slot)"
+          f"row {b}: completion must be one contiguous suffix of the row's"
+          " valid logical positions (a prompt slot follows a completion slot)"
       )
     if config.alignment == "shifted" and comp.any():
       at_zero = pos == 0
@@ -391,7 +399,9 @@ def check_canvas_values(
 
 def _check_inputs(canvas, positions, completion, validity, config, rng):
   if not isinstance(config, config_lib.DenoiseConfig):
-    raise TypeError(f"config must be a DenoiseConfig, got {type(config).__name__}")
+    raise TypeError(
+        f"config must be a DenoiseConfig, got {type(config).__name__}"
+    )
   canvas = _as_array("canvas", canvas, "int")
   positions = _as_array("positions", positions, "int")
   completion = _as_array("completion", completion, "bool")
@@ -403,15 +413,17 @@ def _check_inputs(canvas, positions, completion, validity, config, rng):
   ):
     if value.shape != canvas.shape:
       raise ValueError(
-          f"{name} must have the shape of canvas {canvas.shape}, got {value.shape}"
+          f"{name} must have the shape of canvas {canvas.shape}, got"
+          f" {value.shape}"
       )
   if config.temperature > 0 and rng is None:
-    raise ValueError(
-        "rng (a PRNG key) is required when config.temperature > 0"
-    )
+    raise ValueError("rng (a PRNG key) is required when config.temperature > 0")
   if _is_concrete(positions, completion, validity):
     check_canvas_values(
-        np.asarray(positions), np.asarray(completion), np.asarray(validity), config
+        np.asarray(positions),
+        np.asarray(completion),
+        np.asarray(validity),
+        config,
     )
   return canvas, positions, completion, validity
 
@@ -421,7 +433,9 @@ def _check_inputs(canvas, positions, completion, validity, config, rng):
 # ----------------------------------------------------------------------------
 
 
-def _window_index(sorted_index, sorted_positions, num_valid, start, block, block_size):
+def _window_index(
+    sorted_index, sorted_positions, num_valid, start, block, block_size
+):
   """Physical index of each window slot of each row's active block.
 
   Returns (index int32 [B, W], present bool [B, W]); absent slots get the
@@ -433,7 +447,9 @@ def _window_index(sorted_index, sorted_positions, num_valid, start, block, block
   clipped = jnp.minimum(rank, length - 1)
   cand_index = jnp.take_along_axis(sorted_index, clipped, axis=1)
   cand_pos = jnp.take_along_axis(sorted_positions, clipped, axis=1)
-  cand_ok = (rank < num_valid[:, None]) & (cand_pos // block_size == block[:, None])
+  cand_ok = (rank < num_valid[:, None]) & (
+      cand_pos // block_size == block[:, None]
+  )
   # A block's valid slots need not be contiguous logical positions, so place
   # each candidate at its in-block offset.
   match = cand_ok[:, :, None] & (
@@ -470,7 +486,9 @@ def denoise_with_trace(
   batch, length = canvas.shape
   positions = positions.astype(jnp.int32)
   # Completion slots may hold anything on input: they start as mask tokens.
-  tokens0 = jnp.where(completion, config.mask_token_id, canvas).astype(jnp.int32)
+  tokens0 = jnp.where(completion, config.mask_token_id, canvas).astype(
+      jnp.int32
+  )
   # Valid slots sorted by logical position, computed once: a block's slots are
   # then a contiguous run of ranks.
   sort_key = jnp.where(validity, positions, _BIG)
@@ -482,7 +500,9 @@ def denoise_with_trace(
   rows = jnp.arange(batch)[:, None]
 
   def status(state: _LoopState) -> RowStatus:
-    return row_status(state.tokens, state.commit_step, positions, completion, config)
+    return row_status(
+        state.tokens, state.commit_step, positions, completion, config
+    )
 
   def cond(state: _LoopState):
     return jnp.any(status(state).live)
@@ -491,7 +511,9 @@ def denoise_with_trace(
     current = status(state)
     block = jnp.where(current.live, current.active_block, 0)
     start = jnp.sum(
-        validity & (positions < block[:, None] * block_size), axis=1, dtype=jnp.int32
+        validity & (positions < block[:, None] * block_size),
+        axis=1,
+        dtype=jnp.int32,
     )
     index, present = _window_index(
         sorted_index, sorted_positions, num_valid, start, block, block_size
@@ -499,16 +521,20 @@ def denoise_with_trace(
     safe_index = jnp.minimum(index, length - 1)
     window_masked = jnp.take_along_axis(current.masked, safe_index, axis=1)
     eligible = present & window_masked & current.live[:, None]
-    window_positions = block[:, None] * block_size + jnp.arange(block_size)[None, :]
+    window_positions = (
+        block[:, None] * block_size + jnp.arange(block_size)[None, :]
+    )
 
     logits = logits_fn(state.tokens, positions)
     if logits.ndim != 3 or logits.shape[:2] != (batch, length):
       raise ValueError(
-          f"logits_fn must return logits of shape [batch, length, vocab] with"
+          "logits_fn must return logits of shape [batch, length, vocab] with"
           f" [batch, length] = {(batch, length)}, got {logits.shape}"
       )
     if not jnp.issubdtype(logits.dtype, jnp.floating):
-      raise TypeError(f"logits_fn must return floating logits, got {logits.dtype}")
+      raise TypeError(
+          f"logits_fn must return floating logits, got {logits.dtype}"
+      )
     vocab = logits.shape[2]
     check_vocab(vocab, config)
     window_logits = jnp.take_along_axis(logits, safe_index[:, :, None], axis=1)
@@ -546,7 +572,12 @@ def denoise_with_trace(
   final = jax.lax.while_loop(cond, body, init)
   trace = DenoiseTrace(final.tokens, final.commit_step, final.logprobs)
   tokens, commit_step, logprobs = pad_after_eos(
-      final.tokens, final.commit_step, final.logprobs, positions, completion, config
+      final.tokens,
+      final.commit_step,
+      final.logprobs,
+      positions,
+      completion,
+      config,
   )
   return DenoiseResult(tokens, commit_step, logprobs, final.step), trace
 
@@ -608,4 +639,3 @@ def denoise(
       logits_fn, canvas, positions, completion, validity, config, rng
   )
   return result
-
