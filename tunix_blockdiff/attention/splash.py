@@ -289,7 +289,7 @@ def make_block_causal_kernel(
     block_size: B.
     cp_size: Load-balanced order of the rows (1: logical order).
     kv_reordered: Keys in the same physical order as queries (cp > 1 only).
-    q_tile: Query tile.
+    q_tile: Query tile; a multiple of 128 for gradients with segment ids.
     kv_tile: Key tile (multiple of 128).
     head_shards: Head shards of the mesh the kernel runs in.
     q_seq_shards: Query-sequence shards of the mesh the kernel runs in.
@@ -559,7 +559,8 @@ def splash_attention(
     cp_size: Load-balanced order of the rows (1: logical order).
     mask_mode: One of `MASK_MODES`.
     scale: Logit scale; default `H ** -0.5`.
-    q_tile: Query tile.
+    q_tile: Query tile; with segment ids (packing, padding) a multiple of
+      128 for gradients (Splash's dK/dV kernel needs it).
     kv_tile: Key tile (multiple of 128).
     interpret: Pallas interpret mode; default: True off TPU.
 
