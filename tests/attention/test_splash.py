@@ -7,6 +7,9 @@ L=256 with 128-wide tiles (a 2 x 2 tile grid per head).
 import hypothesis
 from hypothesis import strategies as st
 import jax
+from jax.sharding import AxisType
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as info_lib
@@ -311,6 +314,36 @@ def test_rectangular_mask_with_query_offset():
   )
   want = dense_attention(q, k, v, jnp.broadcast_to(mask, (2, q_len, L)))
   np.testing.assert_allclose(jnp.swapaxes(got, 1, 2), want, atol=1e-5)
+
+
+def test_kernel_without_partial_tiles_under_query_sharding():
+  # Block size = L: every tile is full (no partial tile). JAX 0.10's grid
+  # shrinking cannot shard such a mask over the query sequence;
+  # make_splash_kernel can.
+  block_size, cp = L, 2
+  mesh = jax.make_mesh((cp,), ("sp",), axis_types=(AxisType.Auto,))
+  kernel = splash.make_block_causal_kernel(
+      L, HEADS, block_size, cp_size=cp, q_seq_shards=cp
+  )
+  kernel_spec = kernel.manual_sharding_spec(NamedSharding(mesh, P(None, "sp")))
+  sharded = jax.shard_map(
+      lambda kernel, q, k, v: jax.vmap(kernel)(q, k, v),
+      mesh=mesh,
+      in_specs=(kernel_spec, P(None, None, "sp"), P(), P()),
+      out_specs=P(None, None, "sp"),
+      check_vma=False,
+  )
+
+  def attention(q, k, v):
+    q = jnp.swapaxes(q * HEAD_DIM**-0.5, 1, 2)
+    out = sharded(kernel, q, jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2))
+    return jnp.swapaxes(out, 1, 2)
+
+  re = lambda x: context_parallel.reorder_for_context_parallel(x, cp)
+  q, k, v = map(re, qkv(8))
+  positions = re(np.broadcast_to(np.arange(L, dtype=np.int32), (2, L)))
+  mask = dense_mask(positions, block_size=block_size)
+  assert_matches_dense(attention, q, k, v, mask, np.ones((2, L), bool))
 
 
 # --- packed sequences -----------------------------------------------------

@@ -233,9 +233,19 @@ class _SplashProxy:
     q_tile, kv_tile = options.tile_sizes(block_sizes)
     if options.position_aware:
       return PositionAwareKernel(options, q_tile, kv_tile)
-    kwargs["interpret"] = options.resolved_interpret()
-    return self._original.make_splash_mha(
-        mask, block_sizes=splash.block_sizes(q_tile, kv_tile), **kwargs
+    shards = dict(
+        head_shards=kwargs.pop("head_shards", 1),
+        q_seq_shards=kwargs.pop("q_seq_shards", 1),
+    )
+    kwargs.pop("interpret", None)
+    sizes = splash.block_sizes(q_tile, kv_tile)
+    interpret = options.resolved_interpret()
+    if kwargs:  # Options this shim does not know: Splash's own builder.
+      return self._original.make_splash_mha(
+          mask, block_sizes=sizes, interpret=interpret, **shards, **kwargs
+      )
+    return splash.make_splash_kernel(
+        mask, block_sizes=sizes, interpret=interpret, **shards
     )
 
 

@@ -304,12 +304,96 @@ def make_block_causal_kernel(
   mask = block_causal_splash_mask(
       seq_len, block_size, cp_size=cp_size, kv_reordered=kv_reordered
   )
-  return splash_kernel.make_splash_mha(
+  return make_splash_kernel(
       splash_mask.MultiHeadMask([mask] * num_heads),
       block_sizes=sizes,
       head_shards=head_shards,
       q_seq_shards=q_seq_shards,
       interpret=default_interpret() if interpret is None else interpret,
+  )
+
+
+def _has_partial_tiles(mask: splash_mask.MultiHeadMask, sizes) -> bool:
+  tiles = {
+      (sizes.block_q, sizes.block_kv),
+      (sizes.block_q_dq, sizes.block_kv_dq),
+      (sizes.block_q_dkv, sizes.block_kv_dkv),
+  }
+  for tile in tiles:
+    if None in tile:
+      continue
+    info, _ = splash_mask_info.process_mask(mask, tile)  # cached by value.
+    if not np.any(np.asarray(info.block_mask) == 1):
+      return False
+  return True
+
+
+def make_splash_kernel(
+    mask: splash_mask.MultiHeadMask,
+    *,
+    block_sizes: splash_kernel.BlockSizes,  # pylint: disable=redefined-outer-name
+    head_shards: int,
+    q_seq_shards: int,
+    interpret: bool,
+) -> splash_kernel.SplashAttentionKernel:
+  """`splash_kernel.make_splash_mha`, also for masks without partial tiles.
+
+  In JAX 0.10, Splash's grid shrinking fails ("need at least one array to
+  concatenate") for a mask with no partial tile (block sizes that are
+  multiples of the tiles, bidirectional blocks) when the query sequence is
+  sharded. Such masks get the same kernel built without grid shrinking,
+  which only costs the grid steps over skipped tiles.
+
+  Args:
+    mask: Multi-head lazy mask [N, L, L].
+    block_sizes: Splash tile sizes (forward and backward).
+    head_shards: Head shards of the mesh the kernel runs in.
+    q_seq_shards: Query-sequence shards of the mesh the kernel runs in.
+    interpret: Pallas interpret mode.
+
+  Returns:
+    A `SplashAttentionKernel` (MHA).
+  """
+  if q_seq_shards == 1 or _has_partial_tiles(mask, block_sizes):
+    return splash_kernel.make_splash_mha(
+        mask,
+        block_sizes=block_sizes,
+        head_shards=head_shards,
+        q_seq_shards=q_seq_shards,
+        interpret=interpret,
+    )
+  shards = dict(head_shards=head_shards, q_seq_shards=q_seq_shards)
+
+  def info(process, tile):
+    mask_info, mask_function = process(mask, tile, shrink_grid=False, **shards)
+    return jax.tree.map(jnp.array, mask_info), mask_function
+
+  sizes = block_sizes
+  fwd, mask_function = info(
+      splash_mask_info.process_mask, (sizes.block_q, sizes.block_kv)
+  )
+  dq = dkv = None
+  if sizes.has_backward_blocks:
+    if not sizes.use_fused_bwd_kernel:
+      dq, _ = info(
+          splash_mask_info.process_mask, (sizes.block_q_dq, sizes.block_kv_dq)
+      )
+    dkv, _ = info(
+        splash_mask_info.process_mask_dkv,
+        (sizes.block_q_dkv, sizes.block_kv_dkv),
+    )
+  return splash_kernel.SplashAttentionKernel(
+      fwd,
+      dq,
+      dkv,
+      block_sizes=sizes,
+      is_mqa=False,
+      save_residuals=False,
+      mask_value=splash_kernel.DEFAULT_MASK_VALUE,
+      attn_logits_soft_cap=None,
+      residual_checkpoint_name=None,
+      mask_function=mask_function,
+      interpret=interpret,
   )
 
 
