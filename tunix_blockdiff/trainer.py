@@ -1,0 +1,503 @@
+"""BlockDiffusionTrainer: Tunix's PeftTrainer on the block-diffusion objective.
+
+The trainer keeps everything a Tunix user knows (`TrainingConfig`, the train
+loop, progress bar, metrics logger, Orbax checkpoints through Tunix's
+checkpoint manager, LoRA through qwix, `with_*` setters) and changes what is
+optimised: the block-diffusion loss of `objective.loss.diffusion_loss`, a
+`LossOutput` whose primary metric is a (weighted sum, target count) pair.
+
+Exact gradient accumulation. `optax.MultiSteps` (what google-tunix 0.1.7's
+PeftTrainer uses) averages micro-batch *means*, so a micro-batch with 3 target
+tokens counts as much as one with 300. Here the gradients of the *sums* are
+accumulated together with their denominators and divided once per optimizer
+step, which is the gradient of the exact token mean of the whole step's batch.
+Train and eval losses are reported the same way (sum of sums / sum of
+counts). Tunix main understands `LossOutput` and does the same inside its own
+train step; when it is installed (`compat.TUNIX_HAS_LOSS_OUTPUT`) the trainer
+uses Tunix's path and only supplies the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping
+
+from flax import nnx
+import jax
+from jax.interpreters import pxla
+import jax.numpy as jnp
+import numpy as np
+import optax
+from tunix.sft import peft_trainer
+
+from tunix_blockdiff import compat
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import modeling
+from tunix_blockdiff.objective import loss as loss_lib
+
+TrainingConfig = peft_trainer.TrainingConfig
+
+# Batch fields the block-diffusion loss reads (see `data.BATCH_FIELDS`).
+MODEL_INPUT_FIELDS = (
+    "inputs",
+    "tokens",
+    "targets",
+    "positions",
+    "segment_ids",
+    "validity",
+    "loss_weights",
+)
+
+
+def diffusion_model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+  """The default `gen_model_input_fn`: the loss's fields of a data batch.
+
+  Args:
+    batch: A batch from `tunix_blockdiff.data` (all fields [B, L]).
+
+  Returns:
+    Dict with the keys of `MODEL_INPUT_FIELDS`.
+  """
+  missing = [name for name in MODEL_INPUT_FIELDS if name not in batch]
+  if missing:
+    raise ValueError(
+        f"batch is missing fields {missing}; build batches with"
+        " tunix_blockdiff.data"
+    )
+  return {name: batch[name] for name in MODEL_INPUT_FIELDS}
+
+
+def diffusion_logits(
+    model,
+    config: config_lib.BlockDiffusionConfig,
+    *,
+    inputs: jax.Array,
+    tokens: jax.Array,
+    positions: jax.Array,
+    segment_ids: jax.Array,
+    validity: jax.Array,
+) -> jax.Array:
+  """Target-aligned training logits for the configured stream.
+
+  `single` and `clean_prefix` run the corrupted canvas under the
+  block-causal mask (`clean_prefix` differs only in its corruption); the
+  two-stream objective runs `[tokens | inputs]` (length 2L).
+
+  Args:
+    model: A Tunix causal LM.
+    config: The objective.
+    inputs: int [B, L] corrupted canvas.
+    tokens: int [B, L] clean tokens (read by `two_stream` only).
+    positions: int [B, L] logical positions.
+    segment_ids: int [B, L] document ids.
+    validity: bool [B, L] real slots.
+
+  Returns:
+    float32 [B, L, V]: `out[:, i]` predicts the clean token of slot i.
+  """
+  common = dict(
+      block_size=config.block_size,
+      alignment=config.alignment,
+      validity=validity,
+      segment_ids=segment_ids,
+  )
+  if config.stream == "two_stream":
+    return modeling.two_stream_logits(
+        model, tokens, inputs, positions, **common
+    )
+  return modeling.block_diffusion_logits(model, inputs, positions, **common)
+
+
+def make_diffusion_loss_fn(
+    config: config_lib.BlockDiffusionConfig,
+) -> Callable[..., compat.LossOutput]:
+  """`loss_fn(model, **diffusion_model_inputs(batch)) -> LossOutput`.
+
+  The primary loss is `WeightedMetric(sum_i w_i CE_i, #targets)` over the
+  batch (`objective.loss.diffusion_loss`); aux metrics are the target
+  accuracy and the target count.
+  """
+  if not isinstance(config, config_lib.BlockDiffusionConfig):
+    raise TypeError(
+        f"config must be a BlockDiffusionConfig, got {type(config).__name__}"
+    )
+
+  def diffusion_loss_fn(
+      model,
+      inputs,
+      tokens,
+      targets,
+      positions,
+      segment_ids,
+      validity,
+      loss_weights,
+  ) -> compat.LossOutput:
+    logits = diffusion_logits(
+        model,
+        config,
+        inputs=inputs,
+        tokens=tokens,
+        positions=positions,
+        segment_ids=segment_ids,
+        validity=validity,
+    )
+    return loss_lib.diffusion_loss(logits, targets, loss_weights)
+
+  return diffusion_loss_fn
+
+
+class GradientSums(nnx.Module):
+  """Running sums of gradients, their denominator and the micro-step count.
+
+  Gradients are kept in float32 whatever the parameter dtype, so many
+  micro-batches add up without bfloat16 rounding.
+  """
+
+  def __init__(self, model: nnx.Module, wrt: Any):
+    params = nnx.state(model, wrt)
+    leaves, self._treedef = jax.tree.flatten(params)
+    self._dtypes = tuple(leaf.dtype for leaf in leaves)
+
+    def zeros(leaf):
+      sharding = getattr(leaf, "sharding", None)
+      if isinstance(sharding, jax.sharding.NamedSharding):
+        return jnp.zeros(leaf.shape, jnp.float32, device=sharding)
+      return jnp.zeros(leaf.shape, jnp.float32)
+
+    self.sums = nnx.List([nnx.Variable(zeros(leaf)) for leaf in leaves])
+    self.denominator = nnx.Variable(jnp.zeros((), jnp.float32))
+    self.micro_steps = nnx.Variable(jnp.zeros((), jnp.int32))
+
+  def add(self, grads: Any, denominator: jax.Array) -> None:
+    """Adds the gradients of one micro-batch's summed loss."""
+    leaves = jax.tree.leaves(grads)
+    if len(leaves) != len(self.sums):
+      raise ValueError(
+          f"grads have {len(leaves)} leaves, the accumulator {len(self.sums)}"
+      )
+    for total, grad in zip(self.sums, leaves):
+      total.value = total.value + grad.astype(jnp.float32)
+    self.denominator.value = self.denominator.value + jnp.asarray(
+        denominator, jnp.float32
+    )
+    self.micro_steps.value = self.micro_steps.value + 1
+
+  def mean(self) -> Any:
+    """Sum of gradients / sum of denominators (zeros when it is 0)."""
+    denominator = self.denominator.value
+    scale = jnp.where(denominator > 0, 1.0 / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+    leaves = [
+        (total.value * scale).astype(dtype)
+        for total, dtype in zip(self.sums, self._dtypes)
+    ]
+    return jax.tree.unflatten(self._treedef, leaves)
+
+  def reset_where(self, done: jax.Array) -> None:
+    """Zeroes everything where `done` (a bool scalar) holds."""
+    for total in self.sums:
+      total.value = jnp.where(done, 0.0, total.value)
+    self.denominator.value = jnp.where(done, 0.0, self.denominator.value)
+    self.micro_steps.value = jnp.where(done, 0, self.micro_steps.value)
+
+
+@dataclasses.dataclass(slots=True, kw_only=True)
+class TokenWeightedMetricsBuffer(peft_trainer.MetricsBuffer):
+  """A `MetricsBuffer` whose loss is sum of sums / sum of denominators.
+
+  Attributes:
+    weighted_losses: The `WeightedMetric` primary loss of each micro-batch
+      (train) or batch (eval); when empty, the plain mean of `losses` is used.
+  """
+
+  weighted_losses: list[Any] = dataclasses.field(default_factory=list)
+
+  @property
+  def loss(self):
+    if not self.weighted_losses:
+      return peft_trainer.MetricsBuffer.loss.fget(self)
+    return weighted_mean(self.weighted_losses)
+
+
+def weighted_mean(metrics) -> float:
+  """sum(unreduced_sum) / sum(denominator) over `WeightedMetric`s (0 if 0)."""
+  total = sum(float(np.asarray(m.unreduced_sum)) for m in metrics)
+  count = sum(float(np.asarray(m.denominator)) for m in metrics)
+  return total / count if count else 0.0
+
+
+def _grad_norm_of_update(values) -> float:
+  # Micro-steps that only accumulate report 0; the update step reports the
+  # norm of the applied gradient, which is therefore the maximum.
+  return float(np.max(np.asarray(values)))
+
+
+class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
+  """A Tunix `PeftTrainer` that trains the block-diffusion objective.
+
+  Feed it batches from `tunix_blockdiff.data` (`SFTBatches`,
+  `eval_batches`). With a qwix-LoRA model only the LoRA parameters are
+  trained, as in `PeftTrainer`. Checkpoints hold the model (or LoRA)
+  parameters and the optimizer state; a restarted trainer resumes from the
+  latest one and skips the batches already consumed, and because the data
+  pipeline is a pure function of its seed (order and corruption), the resumed
+  run reproduces the uninterrupted one.
+
+  Attributes:
+    diffusion_config: The objective.
+    grad_sums: The exact accumulator (None on Tunix main, which has its own,
+      or when there is no accumulation).
+  """
+
+  def __init__(
+      self,
+      model: nnx.Module,
+      optimizer: optax.GradientTransformation,
+      training_config: TrainingConfig,
+      diffusion_config: config_lib.BlockDiffusionConfig,
+      metrics_logger: peft_trainer.MetricsLogger | None = None,
+      **kwargs,
+  ):
+    """Builds the trainer and restores the latest checkpoint, if any.
+
+    Args:
+      model: A Tunix causal LM (`model(tokens, positions, cache, mask)`),
+        optionally with qwix LoRA applied.
+      optimizer: An optax transformation (not `MultiSteps`: accumulation is
+        configured by `training_config.gradient_accumulation_steps`).
+      training_config: Tunix's `TrainingConfig`.
+      diffusion_config: The objective's `BlockDiffusionConfig`.
+      metrics_logger: Optional Tunix `MetricsLogger`.
+      **kwargs: Passed to `PeftTrainer` (e.g. perf tracers).
+    """
+    if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
+      raise TypeError(
+          "diffusion_config must be a BlockDiffusionConfig, got"
+          f" {type(diffusion_config).__name__}"
+      )
+    if not isinstance(training_config, TrainingConfig):
+      raise TypeError(
+          "training_config must be a tunix TrainingConfig, got"
+          f" {type(training_config).__name__}"
+      )
+    accumulation = training_config.get_with_default(
+        "gradient_accumulation_steps", 1
+    )
+    if accumulation < 1:
+      raise ValueError(
+          f"gradient_accumulation_steps must be >= 1, got {accumulation}"
+      )
+    self._tunix_accumulates = compat.TUNIX_HAS_LOSS_OUTPUT
+    base_config = training_config
+    if not self._tunix_accumulates:
+      # PeftTrainer 0.1.7 would wrap the optimizer in optax.MultiSteps (a
+      # mean of micro-batch means); it gets no accumulation and we do it.
+      base_config = dataclasses.replace(
+          training_config, gradient_accumulation_steps=None
+      )
+    super().__init__(
+        model, optimizer, base_config, metrics_logger=metrics_logger, **kwargs
+    )
+    self.config = training_config
+    self._accumulation = accumulation
+    # The parent counted restored micro-steps without accumulation.
+    self._iter_steps = self._train_steps * accumulation
+    self.diffusion_config = diffusion_config
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
+    self.eval_loss_fn = self.loss_fn
+    self.gen_model_input_fn = diffusion_model_inputs
+    self.grad_sums = None
+    if not self._tunix_accumulates and accumulation > 1:
+      wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
+      self.grad_sums = GradientSums(self.model, wrt)
+
+  # Setters, in the style of PeftTrainer's `with_loss_fn`.
+
+  def with_diffusion_config(
+      self, diffusion_config: config_lib.BlockDiffusionConfig
+  ) -> "BlockDiffusionTrainer":
+    """Trains a different objective (stream, alignment, weighting...)."""
+    self.clear_jit_cache()
+    self.diffusion_config = diffusion_config
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
+    self.eval_loss_fn = self.loss_fn
+    self._has_aux = False
+    return self
+
+  def with_eval_loss_fn(self, eval_loss_fn: Callable[..., Any]):
+    """Evaluates with a different loss (same inputs as the train loss)."""
+    self.clear_jit_cache()
+    self.eval_loss_fn = eval_loss_fn
+    return self
+
+  def custom_checkpoint_metadata(self) -> dict[str, Any]:
+    return {"diffusion_config": dataclasses.asdict(self.diffusion_config)}
+
+  # The exact-accumulation train step (google-tunix <= 0.1.7).
+
+  def _objective(self, loss_fn, model, inputs):
+    out = loss_fn(model, **inputs)
+    if isinstance(out, compat.LossOutput):
+      return out.primary_loss.unreduced_sum, out
+    if self._has_aux:
+      return out[0], out[1]
+    return out, None
+
+  def _exact_train_step(self, model, optimizer, grad_sums, inputs):
+    """One micro-step: add the summed-loss gradient; update on the last.
+
+    Returns:
+      (micro-batch mean loss, aux or LossOutput, float32 gradient norm of the
+      applied update, 0 on micro-steps that only accumulate).
+    """
+    inputs = self.gen_model_input_fn(inputs)
+    grad_fn = nnx.value_and_grad(
+        functools.partial(self._objective, self.loss_fn),
+        argnums=nnx.DiffState(0, nnx.LoRAParam) if self._lora_enabled else 0,
+        has_aux=True,
+    )
+    (value, aux), grads = grad_fn(model, inputs)
+    if isinstance(aux, compat.LossOutput):
+      denominator = jnp.asarray(aux.primary_loss.denominator, jnp.float32)
+      loss = aux.primary_loss.compute()
+    else:
+      # A plain scalar loss is already a mean: weight each micro-batch 1.
+      denominator = jnp.ones((), jnp.float32)
+      loss = value
+
+    if grad_sums is None:
+      grads_to_apply = _scale(grads, denominator)
+      total = denominator
+      is_update = jnp.ones((), bool)
+    else:
+      grad_sums.add(grads, denominator)
+      grads_to_apply = grad_sums.mean()
+      total = grad_sums.denominator.value
+      is_update = grad_sums.micro_steps.value >= self._accumulation
+
+    def apply(model, optimizer, grads):
+      optimizer.update(model, grads)
+      return optax.global_norm(
+          jax.tree.map(lambda g: g.astype(jnp.float32), grads)
+      )
+
+    def skip(model, optimizer, grads):
+      del model, optimizer, grads
+      return jnp.zeros((), jnp.float32)
+
+    # A step whose micro-batches hold no target at all leaves parameters and
+    # optimizer state untouched (an Adam step on a zero gradient would still
+    # move the parameters through its momentum).
+    grad_norm = nnx.cond(
+        is_update & (total > 0), apply, skip, model, optimizer, grads_to_apply
+    )
+    if grad_sums is not None:
+      grad_sums.reset_where(is_update)
+    return loss, aux, grad_norm
+
+  def _exact_eval_step(self, model, inputs):
+    inputs = self.gen_model_input_fn(inputs)
+    out = self.eval_loss_fn(model, **inputs)
+    if isinstance(out, compat.LossOutput):
+      return out.primary_loss.compute(), out
+    if self._has_aux:
+      return out[0], out[1]
+    return out, None
+
+  def create_train_step_fn(self):
+    if self._tunix_accumulates:
+      return super().create_train_step_fn()
+    return self._exact_train_step
+
+  def create_eval_step_fn(self):
+    if self._tunix_accumulates:
+      return super().create_eval_step_fn()
+    return self._exact_eval_step
+
+  def jit_train_and_eval_step(
+      self, skip_jit: bool = False, cache_nnx_graph: bool = False
+  ):
+    """Jitted (train_step(batch), eval_step(batch)), built once and cached."""
+    if self._tunix_accumulates:
+      return super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
+    train_step = self.create_train_step_fn()
+    eval_step = self.create_eval_step_fn()
+    if skip_jit:
+      return (
+          functools.partial(train_step, self.model, self.optimizer, self.grad_sums),
+          functools.partial(eval_step, self.model),
+      )
+    if self._jitted_train_step_fn is None:
+      self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
+      jitted_train = nnx.jit(
+          train_step, donate_argnames=("optimizer", "grad_sums")
+      )
+      jitted_eval = nnx.jit(eval_step)
+
+      def bind(f, *args):
+        if cache_nnx_graph:
+          return functools.partial(nnx.cached_partial(f, *args))
+        return functools.partial(f, *args)
+
+      self._jitted_train_step_fn = bind(
+          jitted_train, self.model, self.optimizer, self.grad_sums
+      )
+      self._jitted_eval_step_fn = bind(jitted_eval, self.model)
+    return self._jitted_train_step_fn, self._jitted_eval_step_fn
+
+  # Token-weighted metrics (google-tunix <= 0.1.7).
+
+  def _buffer_metrics(
+      self, metrics_buffer, loss, step, additional_metrics=None
+  ):
+    if self._tunix_accumulates:
+      return super()._buffer_metrics(
+          metrics_buffer, loss, step, additional_metrics
+      )
+    if metrics_buffer is None:
+      metrics_buffer = TokenWeightedMetricsBuffer(step=step, losses=[])
+    additional = dict(additional_metrics or {})
+    if "grad_norm" in additional:
+      additional["grad_norm"] = (additional["grad_norm"][0], _grad_norm_of_update)
+    return super()._buffer_metrics(metrics_buffer, loss, step, additional)
+
+  def _record(self, buffer, aux) -> None:
+    if buffer is None or not isinstance(aux, compat.LossOutput):
+      return
+    buffer.weighted_losses.append(aux.primary_loss)
+    for name, metric in aux.aux_metrics.items():
+      op = weighted_mean if isinstance(metric, compat.WeightedMetric) else np.mean
+      values, _ = buffer.additional_metrics.setdefault(name, ([], op))
+      values.append(metric)
+
+  def _post_process_train_step(self, aux: Any) -> None:
+    if not self._tunix_accumulates:
+      self._record(self._buffered_train_metrics, aux)
+
+  def _post_process_eval_step(self, aux: Any) -> None:
+    if not self._tunix_accumulates:
+      self._record(self._buffered_eval_metrics, aux)
+
+  @property
+  def _tqdm_train_metrics(self) -> list[str]:
+    return ["loss", "accuracy", "learning_rate"]
+
+
+def _scale(grads, denominator):
+  scale = jnp.where(
+      denominator > 0, 1.0 / jnp.where(denominator > 0, denominator, 1.0), 0.0
+  )
+  return jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+
+
+__all__ = [
+    "BlockDiffusionTrainer",
+    "GradientSums",
+    "MODEL_INPUT_FIELDS",
+    "TokenWeightedMetricsBuffer",
+    "TrainingConfig",
+    "diffusion_logits",
+    "diffusion_model_inputs",
+    "make_diffusion_loss_fn",
+    "weighted_mean",
+]
