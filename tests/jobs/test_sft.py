@@ -1,0 +1,80 @@
+"""The `tunix-blockdiff sft` job: recipes, overrides, an end-to-end run."""
+
+import json
+import math
+
+import numpy as np
+import omegaconf
+import pytest
+
+from tunix_blockdiff import cli
+from tunix_blockdiff.jobs import common
+
+# A few steps of the default recipe on a smaller model and data.
+TINY = [
+    "task.num_train=128",
+    "task.num_eval=12",
+    "model.num_layers=1",
+    "model.embed_dim=32",
+    "model.hidden_dim=64",
+    "model.head_dim=8",
+    "data.batch_size=8",
+    "training.max_steps=4",
+    "training.gradient_accumulation_steps=2",
+    "training.eval_every_n_steps=2",
+    "training.checkpoint_every_n_steps=2",
+    "eval.batch_size=8",
+    "eval.thresholds=[1.0]",
+]
+
+
+def test_cli_sft_end_to_end_writes_summary_figure_and_checkpoints(tmp_path, capsys):
+  out = tmp_path / "sft"
+  assert cli.main(["sft", f"output_dir={out}", *TINY]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  for key in ("train_steps", "final_train_loss", "eval_loss", "eval_exact_match",
+              "tokens_per_step", "seconds"):
+    assert key in summary, key
+  assert summary["train_steps"] == 4
+  assert math.isfinite(summary["final_train_loss"]) and summary["final_train_loss"] > 0
+  assert math.isfinite(summary["eval_loss"]) and summary["eval_loss"] > 0
+  assert 0.0 <= summary["eval_exact_match"] <= 1.0
+  assert summary["tokens_per_step"] > 0
+  assert summary["seconds"] > 0
+  assert [row["threshold"] for row in summary["threshold_sweep"]] == [0.9, 1.0]
+  # threshold 1.0 commits exactly one slot per call.
+  assert summary["threshold_sweep"][-1]["tokens_per_step"] <= 1.0 + 1e-9
+  assert summary["recipe"]["diffusion"]["stream"] == "two_stream"
+  assert (out / "sft.png").stat().st_size > 0
+  assert omegaconf.OmegaConf.load(out / "recipe.yaml").training.max_steps == 4
+  assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["4"]
+  assert "eval_exact_match" in capsys.readouterr().out
+
+
+def test_default_recipe_and_overrides():
+  cfg = common.load_recipe([])
+  assert cfg.model.kind == "tiny_qwen3" and cfg.task.name == "reverse"
+  cfg = common.load_recipe(["tiny.yaml", "diffusion.stream=single", "eval.thresholds=[0.9]"])
+  assert cfg.diffusion.stream == "single" and list(cfg.eval.thresholds) == [0.9]
+  with pytest.raises(ValueError, match="unknown recipe key"):
+    common.load_recipe(["training.max_step=3"])
+  with pytest.raises(ValueError, match="key=value"):
+    common.load_recipe(["tiny.yaml", "max_steps"])
+  with pytest.raises(FileNotFoundError, match="bundled recipe"):
+    common.load_recipe(["nope.yaml"])
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "qwen3_0p6b.yaml"])
+def test_bundled_recipes_load_and_build_valid_configs(name):
+  cfg = common.load_recipe([name])
+  config = common.diffusion_config_from(cfg.diffusion)
+  assert config.block_size >= 1
+  assert cfg.data.seq_len % config.block_size == 0
+  common.make_optimizer(cfg.training)
+
+
+def test_write_summary_makes_numbers_plain(tmp_path):
+  path = common.write_summary(
+      tmp_path, {"a": np.float32(1.5), "b": np.arange(2), "c": float("nan")}
+  )
+  assert json.loads(path.read_text()) == {"a": 1.5, "b": [0, 1], "c": None}
