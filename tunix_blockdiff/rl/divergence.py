@@ -99,9 +99,14 @@ def full_divergence(
     return _kl(student_log_probs, teacher_log_probs)
   if divergence == "forward_kl":
     return _kl(teacher_log_probs, student_log_probs)
+  # A token both exclude has log-prob -inf twice; logaddexp's gradient there
+  # is NaN, so it is computed on placeholders and set back to -inf.
+  excluded = jnp.isneginf(teacher_log_probs) & jnp.isneginf(student_log_probs)
   log_mixture = jnp.logaddexp(
-      teacher_log_probs + jnp.log(beta), student_log_probs + jnp.log1p(-beta)
+      jnp.where(excluded, 0.0, teacher_log_probs) + jnp.log(beta),
+      jnp.where(excluded, 0.0, student_log_probs) + jnp.log1p(-beta),
   )
+  log_mixture = jnp.where(excluded, -jnp.inf, log_mixture)
   return beta * _kl(teacher_log_probs, log_mixture) + (1.0 - beta) * _kl(
       student_log_probs, log_mixture
   )

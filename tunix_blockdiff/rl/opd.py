@@ -112,6 +112,9 @@ def diffusion_opd_loss_fn(
   """
   divergence_lib.check_divergence(divergence, estimator, beta, temperature)
   student_batch = batch.student_batch
+  student_vocab = getattr(getattr(student_model, "config", None), "vocab_size", None)
+  if batch.teacher_logits is not None and student_vocab is not None:
+    check_vocab_match(batch.teacher_logits.shape[-1], student_vocab)
   if estimator == "full" and batch.teacher_logits is None:
     raise ValueError("estimator='full' needs batch.teacher_logits [B, N, V]")
   if batch.teacher_logits is None and batch.teacher_logps is None:

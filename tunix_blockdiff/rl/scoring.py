@@ -26,8 +26,8 @@ L = P + N, V vocabulary, R ranks.
 from __future__ import annotations
 
 import numbers
+import threading
 from typing import Any, Callable, Mapping
-import weakref
 
 from flax import nnx
 import jax
@@ -487,29 +487,34 @@ def score_trajectories(
   )
 
 
-# model -> {config: (graphdef, jitted scorer)}; keyed by the model object (its
-# GraphDef is unhashable) and checked against the stored GraphDef per call.
-_SCORERS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+# config -> [(graphdef, jitted scorer)]. Models with equal graph definitions
+# (the policy and its reference copy, the rollout and the actor) share one
+# compiled program; GraphDefs are unhashable, so they are compared with ==.
+_SCORERS: dict[config_lib.DenoiseConfig, list] = {}
+_SCORERS_LOCK = threading.Lock()
 
 
-def _jitted_scorer(model, graphdef, config: config_lib.DenoiseConfig):
-  per_model = _SCORERS.setdefault(model, {})
-  entry = per_model.get(config)
-  if entry is not None and entry[0] == graphdef:
-    return entry[1]
-  logits_fn = trajectory_logits_fn_for(config)
+def _jitted_scorer(graphdef, config: config_lib.DenoiseConfig):
+  with _SCORERS_LOCK:
+    entries = _SCORERS.setdefault(config, [])
+    for known, program in entries:
+      if known == graphdef:
+        return program
+    logits_fn = trajectory_logits_fn_for(config)
 
-  def run(state, model_inputs, target_ids, loss_weights):
-    batch = compat.DiffusionTokenBatch(
-        model_inputs=model_inputs, target_ids=target_ids, loss_weights=loss_weights
-    )
-    return compute_diffusion_per_token_logps(
-        nnx.merge(graphdef, state), batch, logits_fn, config=config
-    )
+    def run(state, model_inputs, target_ids, loss_weights):
+      batch = compat.DiffusionTokenBatch(
+          model_inputs=model_inputs,
+          target_ids=target_ids,
+          loss_weights=loss_weights,
+      )
+      return compute_diffusion_per_token_logps(
+          nnx.merge(graphdef, state), batch, logits_fn, config=config
+      )
 
-  jitted = jax.jit(run)
-  per_model[config] = (graphdef, jitted)
-  return jitted
+    program = jax.jit(run)
+    entries.append((graphdef, program))
+    return program
 
 
 def score_trajectories_jit(
@@ -537,5 +542,5 @@ def score_trajectories_jit(
       mask_token_id=config.mask_token_id,
   )
   graphdef, state = nnx.split(model)
-  program = _jitted_scorer(model, graphdef, config)
+  program = _jitted_scorer(graphdef, config)
   return program(state, batch.model_inputs, batch.target_ids, batch.loss_weights)

@@ -431,7 +431,17 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
     """
     if filter_types is not None:
       target = nnx.state(self._model, *filter_types)
-      params = reshard.reshard_pytree(params, target)
+      shardings = [
+          getattr(x, "sharding", None) for x in jax.tree.leaves(target)
+      ]
+      if all(isinstance(s, jax.sharding.NamedSharding) for s in shardings):
+        params = reshard.reshard_pytree(params, target)
+      else:
+        # Tunix's resharding needs named shardings; plain placements move
+        # leaf by leaf.
+        params = jax.tree.map(
+            lambda new, old: jax.device_put(new, old.sharding), params, target
+        )
       params = jax.tree.map(
           lambda new, old: new.astype(old.dtype)
           if hasattr(new, "astype") and new.dtype != old.dtype
