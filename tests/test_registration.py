@@ -22,7 +22,9 @@ def test_register_makes_the_losses_available_and_is_idempotent(caplog):
   # registry logs a warning when a name is overwritten).
   with caplog.at_level(logging.WARNING):
     assert tunix_blockdiff.register() == provided
-  assert not [r for r in caplog.records if "already registered" in r.getMessage()]
+  assert not [
+      r for r in caplog.records if "already registered" in r.getMessage()
+  ]
   assert function_registry.get_policy_loss_fn("bd_grpo") is grpo_loss
   assert "bd_grpo" in function_registry.default_registry.list_functions(
       "policy_loss_fn"

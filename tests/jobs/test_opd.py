@@ -65,8 +65,11 @@ def test_opd_command_writes_a_valid_summary_and_figure(tmp_path):
   assert code == 0
   out = tmp_path / "run"
   summary = json.loads((out / "summary.json").read_text())
-  for key in ("student_exact_match_start", "student_exact_match_end",
-              "teacher_exact_match"):
+  for key in (
+      "student_exact_match_start",
+      "student_exact_match_end",
+      "teacher_exact_match",
+  ):
     assert 0.0 <= summary[key] <= 1.0
   assert summary["divergence_start"] > 0 and summary["divergence_end"] > 0
   assert summary["divergence"] == "jsd" and summary["estimator"] == "full"

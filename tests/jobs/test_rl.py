@@ -53,8 +53,12 @@ def test_rl_command_writes_a_valid_summary_and_figure(tmp_path):
   assert code == 0
   out = tmp_path / "run"
   summary = json.loads((out / "summary.json").read_text())
-  for key in ("reward_start", "reward_end", "greedy_exact_match_start",
-              "greedy_exact_match_end"):
+  for key in (
+      "reward_start",
+      "reward_end",
+      "greedy_exact_match_start",
+      "greedy_exact_match_end",
+  ):
     assert 0.0 <= summary[key] <= 1.0
   assert summary["steps"] == 2 and summary["optimizer_steps"] == 2
   assert summary["seconds"] > 0 and summary["rollouts"] == 8

@@ -17,10 +17,14 @@ def _np_log_softmax(x):
 
 
 def _np_kl(p, q):
-  return np.sum(np.where(p > 0, p * (np.log(np.where(p > 0, p, 1)) - np.log(q)), 0), -1)
+  return np.sum(
+      np.where(p > 0, p * (np.log(np.where(p > 0, p, 1)) - np.log(q)), 0), -1
+  )
 
 
-def _np_divergence(student_logits, teacher_logits, name, beta=BETA, temperature=1.0):
+def _np_divergence(
+    student_logits, teacher_logits, name, beta=BETA, temperature=1.0
+):
   ps = np.exp(_np_log_softmax(student_logits / temperature))
   pt = np.exp(_np_log_softmax(teacher_logits / temperature))
   if name == "reverse_kl":
@@ -46,7 +50,12 @@ def test_full_divergence_matches_numpy(name, temperature):
       name,
       BETA,
   )
-  np.testing.assert_allclose(got, _np_divergence(s, t, name, temperature=temperature), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      got,
+      _np_divergence(s, t, name, temperature=temperature),
+      rtol=1e-5,
+      atol=1e-6,
+  )
   assert np.all(np.asarray(got) >= -1e-6)
 
 
@@ -60,9 +69,14 @@ def test_excluded_token_is_removed_from_both_distributions(name):
     return jnp.sum(div.full_divergence(student, teacher, name, BETA))
 
   got = div.full_divergence(
-      div.log_probs(jnp.asarray(s), 1.0, exclude_token_id=0), teacher, name, BETA
+      div.log_probs(jnp.asarray(s), 1.0, exclude_token_id=0),
+      teacher,
+      name,
+      BETA,
   )
-  np.testing.assert_allclose(got, _np_divergence(s[..., 1:], t[..., 1:], name), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(
+      got, _np_divergence(s[..., 1:], t[..., 1:], name), rtol=1e-5, atol=1e-6
+  )
   grads = jax.grad(total)(jnp.asarray(s))
   assert np.all(np.isfinite(grads)) and np.all(grads[..., 0] == 0)
 
@@ -85,11 +99,16 @@ def test_sampled_token_estimate_is_unbiased_in_value_and_gradient(name):
     weights = jax.lax.stop_gradient(jnp.exp(student_logp))
     return jnp.sum(weights * jnp.stack(values))
 
-  full = lambda z: div.full_divergence(div.log_probs(z), teacher_logp, name, BETA)
+  full = lambda z: div.full_divergence(
+      div.log_probs(z), teacher_logp, name, BETA
+  )
   s = jnp.asarray(s)
   np.testing.assert_allclose(expected_surrogate(s, "value"), full(s), rtol=1e-5)
   np.testing.assert_allclose(
-      jax.grad(expected_surrogate)(s, "surrogate"), jax.grad(full)(s), rtol=1e-4, atol=1e-6
+      jax.grad(expected_surrogate)(s, "surrogate"),
+      jax.grad(full)(s),
+      rtol=1e-4,
+      atol=1e-6,
   )
 
 
@@ -103,7 +122,9 @@ def test_sampled_token_estimate_is_unbiased_in_value_and_gradient(name):
     ],
 )
 def test_bad_configurations_raise(kwargs, message):
-  args = dict(divergence="reverse_kl", estimator="full", beta=0.5, temperature=1.0)
+  args = dict(
+      divergence="reverse_kl", estimator="full", beta=0.5, temperature=1.0
+  )
   args.update(kwargs)
   with pytest.raises(ValueError, match=message):
     div.check_divergence(**args)

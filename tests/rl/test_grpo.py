@@ -29,7 +29,11 @@ tunix_blockdiff.register()
 
 VOCAB, MASK, EOS = 40, 3, 2
 CONFIG = config_lib.DenoiseConfig(
-    block_size=4, mask_token_id=MASK, threshold=0.3, temperature=1.0, eos_token_id=EOS
+    block_size=4,
+    mask_token_id=MASK,
+    threshold=0.3,
+    temperature=1.0,
+    eos_token_id=EOS,
 )
 
 
@@ -56,7 +60,9 @@ def _trajectories(seed=0, batch=4, width=7, num_new=9):
     steps[b, order] = np.arange(num_new)
   steps[-1, -3:] = -1
   return (
-      prompts.astype(np.int32), prompt_mask, tokens.astype(np.int32),
+      prompts.astype(np.int32),
+      prompt_mask,
+      tokens.astype(np.int32),
       steps.astype(np.int32),
   )
 
@@ -125,8 +131,13 @@ def test_aggregation_sums_exactly_over_micro_batches(mode):
   per_token = jnp.asarray(rs.normal(size=(6, 5)), jnp.float32)
   mask = jnp.asarray(rs.rand(6, 5) < 0.5)
   whole = grpo.aggregate(per_token, mask, mode)
-  parts = [grpo.aggregate(per_token[s], mask[s], mode) for s in (slice(0, 1), slice(1, 6))]
-  total = sum(float(p.unreduced_sum) for p in parts) / sum(float(p.denominator) for p in parts)
+  parts = [
+      grpo.aggregate(per_token[s], mask[s], mode)
+      for s in (slice(0, 1), slice(1, 6))
+  ]
+  total = sum(float(p.unreduced_sum) for p in parts) / sum(
+      float(p.denominator) for p in parts
+  )
   np.testing.assert_allclose(total, whole.compute(), rtol=1e-6)
 
 
@@ -152,7 +163,9 @@ class _Linear(nnx.Module):
 def _weighted_loss(model, x, weights):
   per_row = (x @ model.w.value) ** 2
   return compat.LossOutput(
-      primary_loss=compat.WeightedMetric(jnp.sum(weights * per_row), jnp.sum(weights)),
+      primary_loss=compat.WeightedMetric(
+          jnp.sum(weights * per_row), jnp.sum(weights)
+      ),
       aux_metrics={},
   )
 
@@ -183,7 +196,9 @@ def test_accumulation_is_the_exact_mean_over_micro_batches():
   whole = _trainer(1)
   step, _ = whole.jit_train_and_eval_step()
   step({"x": x.reshape(8, 3), "weights": weights.reshape(8)})
-  np.testing.assert_allclose(accumulated.model.w.value, whole.model.w.value, rtol=1e-6)
+  np.testing.assert_allclose(
+      accumulated.model.w.value, whole.model.w.value, rtol=1e-6
+  )
   assert not np.allclose(whole.model.w.value, _Linear().w.value)
 
 
@@ -193,7 +208,10 @@ def test_two_grpo_steps_inside_a_real_rlcluster():
   before = jax.tree.map(np.array, nnx.state(policy, nnx.Param))
   mesh = rl_job.single_device_mesh()
   rollout_config = base_rollout.RolloutConfig(
-      max_tokens_to_generate=4, max_prompt_length=10, temperature=1.0, top_p=None
+      max_tokens_to_generate=4,
+      max_prompt_length=10,
+      temperature=1.0,
+      top_p=None,
   )
   cluster = cluster_lib.BlockDiffusionRLCluster(
       actor=policy,
@@ -223,7 +241,9 @@ def test_two_grpo_steps_inside_a_real_rlcluster():
 
   learner = grpo.BlockDiffusionGRPOLearner(
       cluster,
-      grpo.BlockDiffusionGRPOConfig(num_generations=2, num_iterations=2, beta=0.04),
+      grpo.BlockDiffusionGRPOConfig(
+          num_generations=2, num_iterations=2, beta=0.04
+      ),
       reward_fns=[reward],
   )
   assert learner.algo_config.denoise_config == cluster.rollout.score_config

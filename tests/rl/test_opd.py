@@ -21,7 +21,11 @@ tunix_blockdiff.register()
 
 VOCAB, MASK, EOS = 40, 3, 2
 CONFIG = config_lib.DenoiseConfig(
-    block_size=4, mask_token_id=MASK, threshold=0.3, temperature=1.0, eos_token_id=EOS
+    block_size=4,
+    mask_token_id=MASK,
+    threshold=0.3,
+    temperature=1.0,
+    eos_token_id=EOS,
 )
 
 
@@ -45,7 +49,9 @@ def _trajectories(seed=0, batch=4, width=6, num_new=8):
     order = np.lexsort((rs.rand(num_new), block))
     steps[b, order] = np.arange(num_new)
   return (
-      prompts.astype(np.int32), prompt_mask, tokens.astype(np.int32),
+      prompts.astype(np.int32),
+      prompt_mask,
+      tokens.astype(np.int32),
       steps.astype(np.int32),
   )
 
@@ -56,7 +62,11 @@ def _student_batch():
   scored = opd.through_first_eos(steps, tokens, EOS)
   assert scored[0].sum() == 6 and scored[1:].all()
   return scoring.prepare_trajectory_batch(
-      prompts, prompt_mask, tokens, steps, mask_token_id=MASK,
+      prompts,
+      prompt_mask,
+      tokens,
+      steps,
+      mask_token_id=MASK,
       loss_weights=scored.astype(np.float32),
   )
 
@@ -66,7 +76,9 @@ def test_one_opd_step_lowers_the_divergence_on_a_fixed_batch():
   student = nnx.clone(student)
   batch = opd.DiffusionDistillationBatch(
       student_batch=_student_batch(),
-      teacher_logits=opd.teacher_logits(teacher, "ar", _student_batch(), CONFIG),
+      teacher_logits=opd.teacher_logits(
+          teacher, "ar", _student_batch(), CONFIG
+      ),
   )
   logits_fn = scoring.trajectory_logits_fn_for(CONFIG)
   optimizer = nnx.Optimizer(student, optax.adam(3e-2), wrt=nnx.Param)
@@ -102,8 +114,12 @@ def test_ar_teacher_logits_are_next_token_logits_in_its_own_context():
       batch.loss_weights,
   )
   # Row 1 alone, unpadded, through the plain causal model.
-  prompt = np.asarray(inputs["prompt_tokens"][1])[np.asarray(inputs["prompt_mask"][1])]
-  sequence = np.concatenate([prompt, np.asarray(inputs["completion_tokens"][1])])
+  prompt = np.asarray(inputs["prompt_tokens"][1])[
+      np.asarray(inputs["prompt_mask"][1])
+  ]
+  sequence = np.concatenate(
+      [prompt, np.asarray(inputs["completion_tokens"][1])]
+  )
   length = len(sequence)
   logits, _ = teacher(
       jnp.asarray(sequence)[None],
@@ -119,7 +135,9 @@ def test_registered_bd_opd_trains_on_a_sampled_token_train_example():
   student, teacher = _models()
   batch = _student_batch()
   teacher_log_probs = jax.nn.log_softmax(
-      opd.teacher_logits(teacher, "ar", batch, CONFIG).at[..., MASK].set(-jnp.inf)
+      opd.teacher_logits(teacher, "ar", batch, CONFIG)
+      .at[..., MASK]
+      .set(-jnp.inf)
   )
   inputs = batch.model_inputs
   example = grpo.BlockDiffusionTrainExample(
@@ -136,7 +154,10 @@ def test_registered_bd_opd_trains_on_a_sampled_token_train_example():
       )[..., 0],
   )
   algo = opd.BlockDiffusionOPDConfig(
-      estimator="sampled_token", divergence="jsd", beta=0.5, denoise_config=CONFIG
+      estimator="sampled_token",
+      divergence="jsd",
+      beta=0.5,
+      denoise_config=CONFIG,
   )
   loss_fn = function_registry.get_policy_loss_fn("bd_opd")
   grads = nnx.jit(

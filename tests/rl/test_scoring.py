@@ -28,7 +28,9 @@ def _model():
 def _prompts():
   rs = np.random.RandomState(0)
   tokens = rs.randint(4, VOCAB, size=(len(PROMPT_LENGTHS), PROMPT_WIDTH))
-  mask = np.arange(PROMPT_WIDTH)[None, :] >= PROMPT_WIDTH - PROMPT_LENGTHS[:, None]
+  mask = (
+      np.arange(PROMPT_WIDTH)[None, :] >= PROMPT_WIDTH - PROMPT_LENGTHS[:, None]
+  )
   return np.where(mask, tokens, 0).astype(np.int32), mask
 
 
@@ -165,7 +167,10 @@ def test_missing_commit_steps_raise():
   prompts, prompt_mask = _prompts()
   with pytest.raises(ValueError, match="commit_step is required"):
     scoring.prepare_trajectory_batch(
-        prompts, prompt_mask, np.zeros((4, NEW_TOKENS), np.int32), None,
+        prompts,
+        prompt_mask,
+        np.zeros((4, NEW_TOKENS), np.int32),
+        None,
         mask_token_id=MASK,
     )
 
@@ -194,7 +199,10 @@ def test_too_small_step_bound_raises():
   result = _rollout("greedy-threshold-same-position")
   prompts, prompt_mask = _prompts()
   batch = scoring.prepare_trajectory_batch(
-      prompts, prompt_mask, result.trace_tokens, result.trace_commit_step,
+      prompts,
+      prompt_mask,
+      result.trace_tokens,
+      result.trace_commit_step,
       mask_token_id=MASK,
   )
   logits_fn = scoring.make_trajectory_logits_fn(

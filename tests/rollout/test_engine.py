@@ -77,7 +77,9 @@ def test_generate_returns_completions_cut_at_eos_and_the_trace():
     assert output.tokens[b].tolist() == tokens[:end].tolist()
     assert np.all(steps[:end] >= 0)
     assert output.text[b] == TOKENIZER.decode(tokens[:end].tolist())
-    np.testing.assert_allclose(output.logprobs[b], output.trace_logprobs[b][:end])
+    np.testing.assert_allclose(
+        output.logprobs[b], output.trace_logprobs[b][:end]
+    )
     assert np.all(output.logprobs[b] <= 0)
 
 
@@ -116,10 +118,14 @@ def test_rollout_config_maps_to_the_denoise_config():
   assert (config.temperature, config.top_k, config.top_p) == (0.7, 5, 0.8)
   # Tunix's "all tokens" spellings and greedy decoding drop the filters.
   assert engine.score_config.top_k is None and engine.score_config.top_p is None
-  greedy = engine.denoise_config(dataclasses.replace(ROLLOUT_CONFIG, temperature=0.0, top_k=5))
+  greedy = engine.denoise_config(
+      dataclasses.replace(ROLLOUT_CONFIG, temperature=0.0, top_k=5)
+  )
   assert greedy.top_k is None
   with pytest.raises(ValueError, match="one EOS token"):
-    engine.denoise_config(dataclasses.replace(ROLLOUT_CONFIG, eos_tokens=[2, 5]))
+    engine.denoise_config(
+        dataclasses.replace(ROLLOUT_CONFIG, eos_tokens=[2, 5])
+    )
 
 
 def test_record_outputs_collects_generate_calls():
@@ -139,6 +145,10 @@ def test_bad_construction_raises():
 
     class NoMask:
       encode, decode = TOKENIZER.encode, TOKENIZER.decode
-      bos_id, eos_id, pad_id = TOKENIZER.bos_id, TOKENIZER.eos_id, TOKENIZER.pad_id
+      bos_id, eos_id, pad_id = (
+          TOKENIZER.bos_id,
+          TOKENIZER.eos_id,
+          TOKENIZER.pad_id,
+      )
 
     engine_lib.BlockDiffusionRollout(model, NoMask(), block_size=4)

@@ -50,7 +50,9 @@ Mode = rl_cluster_lib.Mode
 # -----------------------------------------------------------------------------
 
 
-def causal_lm_batches(pairs, tokenizer, *, seq_len: int, batch_size: int, seed: int):
+def causal_lm_batches(
+    pairs, tokenizer, *, seq_len: int, batch_size: int, seed: int
+):
   """Endless next-token batches for Tunix's default PeftTrainer loss.
 
   Rows are `[BOS prompt answer EOS]`, right-padded; `input_mask` marks the
@@ -62,9 +64,15 @@ def causal_lm_batches(pairs, tokenizer, *, seq_len: int, batch_size: int, seed: 
     prompt_ids, answer_ids = common.encode_pair(tokenizer, prompt, answer)
     ids = prompt_ids + answer_ids
     if len(ids) > seq_len:
-      raise ValueError(f"example of {len(ids)} tokens exceeds seq_len={seq_len}")
+      raise ValueError(
+          f"example of {len(ids)} tokens exceeds seq_len={seq_len}"
+      )
     rows.append(ids + [tokenizer.pad_id()] * (seq_len - len(ids)))
-    targets.append([0] * len(prompt_ids) + [1] * len(answer_ids) + [0] * (seq_len - len(ids)))
+    targets.append(
+        [0] * len(prompt_ids)
+        + [1] * len(answer_ids)
+        + [0] * (seq_len - len(ids))
+    )
   rows = np.asarray(rows, np.int32)
   targets = np.asarray(targets, bool)
   valid = rows != tokenizer.pad_id()
@@ -83,7 +91,9 @@ def causal_lm_batches(pairs, tokenizer, *, seq_len: int, batch_size: int, seed: 
       }
 
 
-def train_ar_teacher(teacher_cfg, tokenizer, vocab_size: int, pairs, *, seq_len: int, seed: int):
+def train_ar_teacher(
+    teacher_cfg, tokenizer, vocab_size: int, pairs, *, seq_len: int, seed: int
+):
   """A Tunix Qwen3 trained causally (next-token loss) with `PeftTrainer`."""
   model = tiny_models.tiny_qwen3(
       vocab_size,
@@ -105,9 +115,13 @@ def train_ar_teacher(teacher_cfg, tokenizer, vocab_size: int, pairs, *, seq_len:
   )
   trainer = peft_trainer.PeftTrainer(
       model,
-      optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.99)),
+      optax.chain(
+          optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.99)
+      ),
       peft_trainer.TrainingConfig(
-          eval_every_n_steps=10**9, max_steps=steps, pbar_description="AR teacher"
+          eval_every_n_steps=10**9,
+          max_steps=steps,
+          pbar_description="AR teacher",
       ),
   )
   trainer.train(
@@ -121,14 +135,24 @@ def train_ar_teacher(teacher_cfg, tokenizer, vocab_size: int, pairs, *, seq_len:
   )
   logger = trainer.metrics_logger
   losses = (
-      np.asarray(logger.get_metric_history(trainer.metrics_prefix, "loss", "train"))
+      np.asarray(
+          logger.get_metric_history(trainer.metrics_prefix, "loss", "train")
+      )
       if logger.metric_exists(trainer.metrics_prefix, "loss", "train")
       else np.zeros((0,))
   )
   return trainer.model, losses
 
 
-def teacher_exact_match(teacher, tokenizer, task, pairs, *, max_new_tokens: int, max_prompt_length: int) -> float:
+def teacher_exact_match(
+    teacher,
+    tokenizer,
+    task,
+    pairs,
+    *,
+    max_new_tokens: int,
+    max_prompt_length: int,
+) -> float:
   """Greedy exact match of the AR teacher with Tunix's `Sampler`."""
   config = teacher.config
   sampler = sampler_lib.Sampler(
@@ -157,20 +181,31 @@ def teacher_exact_match(teacher, tokenizer, task, pairs, *, max_new_tokens: int,
 # -----------------------------------------------------------------------------
 
 
-def evaluate_student(cluster, teacher, pairs, reward_fn, algo_config, batch_size: int):
+def evaluate_student(
+    cluster, teacher, pairs, reward_fn, algo_config, batch_size: int
+):
   """(greedy exact match, mean divergence to the teacher on sampled rollouts)."""
   exact = rl_job.evaluate_rewards(
-      cluster, pairs, reward_fn, samples=1, mode=Mode.EVAL, batch_size=batch_size
+      cluster,
+      pairs,
+      reward_fn,
+      samples=1,
+      mode=Mode.EVAL,
+      batch_size=batch_size,
   )
   config = cluster.rollout.score_config
   totals = []
   for batch in rl_job.prompt_batches(pairs, batch_size):
     output = cluster.generate(list(batch["prompts"]), mode=Mode.TRAIN)
     prompt_ids = np.asarray(output.left_padded_prompt_tokens)
-    scored = opd.through_first_eos(output.commit_steps, output.trace_tokens, config.eos_token_id)
+    scored = opd.through_first_eos(
+        output.commit_steps, output.trace_tokens, config.eos_token_id
+    )
     student_batch = scoring.prepare_trajectory_batch(
         prompt_ids,
-        engine_lib.prompt_mask_from_tokens(prompt_ids, cluster.rollout.pad_id()),
+        engine_lib.prompt_mask_from_tokens(
+            prompt_ids, cluster.rollout.pad_id()
+        ),
         output.trace_tokens,
         output.commit_steps,
         mask_token_id=config.mask_token_id,
@@ -199,13 +234,27 @@ def plot_opd(path, divergences, start, end, title):
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
   fig, (ax_div, ax_em) = plt.subplots(1, 2, figsize=(10, 4))
-  ax_div.plot(np.arange(1, len(divergences) + 1), divergences, lw=1, label="train (token mean)")
-  ax_div.plot([0, max(len(divergences), 1)], [start["divergence"], end["divergence"]], "o--", label="held-out")
+  ax_div.plot(
+      np.arange(1, len(divergences) + 1),
+      divergences,
+      lw=1,
+      label="train (token mean)",
+  )
+  ax_div.plot(
+      [0, max(len(divergences), 1)],
+      [start["divergence"], end["divergence"]],
+      "o--",
+      label="held-out",
+  )
   ax_div.set_xlabel("optimizer step")
   ax_div.set_ylabel("divergence to the teacher")
   ax_div.grid(alpha=0.3)
   ax_div.legend(fontsize=8)
-  ax_em.bar(["before", "after"], [start["exact_match"], end["exact_match"]], color=["tab:gray", "tab:blue"])
+  ax_em.bar(
+      ["before", "after"],
+      [start["exact_match"], end["exact_match"]],
+      color=["tab:gray", "tab:blue"],
+  )
   ax_em.set_ylim(0, 1)
   ax_em.set_ylabel("student greedy exact match (held-out)")
   fig.suptitle(title, fontsize=10)
@@ -259,7 +308,11 @@ def run(cfg) -> dict[str, Any]:
       actor=student,
       tokenizer=tokenizer,
       cluster_config=rl_cluster_lib.ClusterConfig(
-          role_to_mesh={Role.ACTOR: mesh, Role.REFERENCE: mesh, Role.ROLLOUT: mesh},
+          role_to_mesh={
+              Role.ACTOR: mesh,
+              Role.REFERENCE: mesh,
+              Role.ROLLOUT: mesh,
+          },
           rollout_engine=rl_job.engine_factory(cfg, sft_cfg),
           training_config=rl_cluster_lib.RLTrainingConfig(
               actor_optimizer=rl_job.make_rl_optimizer(opd_cfg),
@@ -297,13 +350,19 @@ def run(cfg) -> dict[str, Any]:
   start = evaluate()
   opd_clock = common.Stopwatch()
   with mesh:
-    learner.train(list(rl_job.prompt_batches(opd_pairs, prompts_per_step))[:steps])
+    learner.train(
+        list(rl_job.prompt_batches(opd_pairs, prompts_per_step))[:steps]
+    )
   opd_seconds = opd_clock()
   end = evaluate()
   trainer = cluster.actor_trainer
   logger = trainer.metrics_logger
   train_divergence = (
-      np.asarray(logger.get_metric_history(trainer.metrics_prefix, "divergence", "train"))
+      np.asarray(
+          logger.get_metric_history(
+              trainer.metrics_prefix, "divergence", "train"
+          )
+      )
       if logger.metric_exists(trainer.metrics_prefix, "divergence", "train")
       else np.zeros((0,))
   )
@@ -315,7 +374,9 @@ def run(cfg) -> dict[str, Any]:
       "divergence": algo_config.divergence,
       "estimator": algo_config.estimator,
       "teacher_exact_match": teacher_em,
-      "teacher_final_loss": float(teacher_losses[-1]) if teacher_losses.size else None,
+      "teacher_final_loss": (
+          float(teacher_losses[-1]) if teacher_losses.size else None
+      ),
       "train_divergence": train_divergence.tolist(),
       "steps": steps,
       "optimizer_steps": trainer.train_steps,

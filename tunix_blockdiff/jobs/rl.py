@@ -79,7 +79,7 @@ def sft_warm_start(init_cfg, out: pathlib.Path) -> tuple[pathlib.Path, dict]:
   from tunix_blockdiff.jobs import sft as sft_job  # pylint: disable=g-import-not-at-top
 
   directory = out / str(init_cfg.get("output_subdir", "sft"))
-  overrides = [str(o) for o in (init_cfg.sft_overrides or [])]
+  overrides = [str(o) for o in init_cfg.sft_overrides or []]
   sft_cfg = common.load_recipe(
       [str(init_cfg.sft_recipe), *overrides, f"output_dir={directory}"]
   )
@@ -120,7 +120,9 @@ def task_prompts(sft_cfg, num_train: int, seed: int):
   task = tasks_lib.get_task(
       sft_cfg.task.name, **common.to_dict(sft_cfg.task.get("kwargs") or {})
   )
-  held_out = task.sample(int(sft_cfg.task.num_eval), seed=int(sft_cfg.task.seed) + 1)
+  held_out = task.sample(
+      int(sft_cfg.task.num_eval), seed=int(sft_cfg.task.seed) + 1
+  )
   held_out_prompts = {p for p, _ in held_out}
   # Oversample: some draws repeat a held-out prompt and are dropped.
   candidates = task.sample(2 * num_train + 256, seed=seed)
@@ -139,7 +141,8 @@ def exact_match_reward(task: tasks_lib.Task) -> Callable[..., list[float]]:
   def exact_match(prompts, completions, answer, **unused_kwargs):
     del unused_kwargs
     return [
-        float(task.check(p, c, a)) for p, c, a in zip(prompts, completions, answer)
+        float(task.check(p, c, a))
+        for p, c, a in zip(prompts, completions, answer)
     ]
 
   return exact_match
@@ -215,7 +218,9 @@ def plot_reward_curve(
 
   fig, ax = plt.subplots(figsize=(7, 4))
   x = np.arange(1, len(batch_rewards) + 1)
-  ax.plot(x, batch_rewards, lw=0.8, alpha=0.5, label="train rollouts (step mean)")
+  ax.plot(
+      x, batch_rewards, lw=0.8, alpha=0.5, label="train rollouts (step mean)"
+  )
   if len(batch_rewards) >= 3:
     window = max(3, len(batch_rewards) // 10)
     kernel = np.ones(window) / window
@@ -223,7 +228,13 @@ def plot_reward_curve(
     ax.plot(x[window - 1 :], smooth, lw=2, label=f"moving average ({window})")
   last = max(len(batch_rewards), 1)
   for (name, (start, end)), marker in zip(evals.items(), ("o", "s", "^")):
-    ax.plot([0, last], [start, end], marker=marker, ls="--", label=f"held-out {name}")
+    ax.plot(
+        [0, last],
+        [start, end],
+        marker=marker,
+        ls="--",
+        label=f"held-out {name}",
+    )
   ax.set_xlabel("GRPO step")
   ax.set_ylabel("exact-match reward")
   ax.set_ylim(-0.02, 1.02)
@@ -281,7 +292,11 @@ def run(cfg) -> dict[str, Any]:
       reference=reference,
       tokenizer=tokenizer,
       cluster_config=rl_cluster_lib.ClusterConfig(
-          role_to_mesh={Role.ACTOR: mesh, Role.REFERENCE: mesh, Role.ROLLOUT: mesh},
+          role_to_mesh={
+              Role.ACTOR: mesh,
+              Role.REFERENCE: mesh,
+              Role.ROLLOUT: mesh,
+          },
           rollout_engine=engine_factory(cfg, sft_cfg),
           training_config=training_config,
           rollout_config=rollout_configs(cfg, max_new_tokens),
@@ -305,11 +320,19 @@ def run(cfg) -> dict[str, Any]:
     with mesh:
       return {
           "sampled": evaluate_rewards(
-              cluster, held_out, reward_fn, samples=samples, mode=Mode.TRAIN,
+              cluster,
+              held_out,
+              reward_fn,
+              samples=samples,
+              mode=Mode.TRAIN,
               batch_size=eval_batch,
           ),
           "greedy": evaluate_rewards(
-              cluster, held_out, reward_fn, samples=1, mode=Mode.EVAL,
+              cluster,
+              held_out,
+              reward_fn,
+              samples=1,
+              mode=Mode.EVAL,
               batch_size=eval_batch,
           ),
       }
@@ -330,8 +353,12 @@ def run(cfg) -> dict[str, Any]:
       "reward_end": end["sampled"],
       "greedy_exact_match_start": start["greedy"],
       "greedy_exact_match_end": end["greedy"],
-      "train_reward_first_steps": float(np.mean(batch_rewards[:5])) if batch_rewards else None,
-      "train_reward_last_steps": float(np.mean(batch_rewards[-5:])) if batch_rewards else None,
+      "train_reward_first_steps": (
+          float(np.mean(batch_rewards[:5])) if batch_rewards else None
+      ),
+      "train_reward_last_steps": (
+          float(np.mean(batch_rewards[-5:])) if batch_rewards else None
+      ),
       "train_step_rewards": batch_rewards,
       "steps": steps,
       "optimizer_steps": cluster.actor_trainer.train_steps,
@@ -341,7 +368,10 @@ def run(cfg) -> dict[str, Any]:
       "rl_seconds": rl_seconds,
       "seconds": clock(),
       "sft": {
-          "checkpoint": str(cfg.init.checkpoint or out / str(cfg.init.get("output_subdir", "sft"))),
+          "checkpoint": str(
+              cfg.init.checkpoint
+              or out / str(cfg.init.get("output_subdir", "sft"))
+          ),
           "eval_exact_match": (sft_summary or {}).get("eval_exact_match"),
           "train_steps": (sft_summary or {}).get("train_steps"),
       },
@@ -372,7 +402,9 @@ def make_rl_optimizer(grpo_cfg) -> optax.GradientTransformation:
       weight_decay=float(grpo_cfg.get("weight_decay", 0.0)),
   )
   clip = float(grpo_cfg.get("grad_clip", 0.0) or 0.0)
-  return optax.chain(optax.clip_by_global_norm(clip), adamw) if clip > 0 else adamw
+  return (
+      optax.chain(optax.clip_by_global_norm(clip), adamw) if clip > 0 else adamw
+  )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -81,7 +81,9 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
   def rollout(self) -> engine_lib.BlockDiffusionRollout:
     return self._rollout
 
-  def generate(self, prompts, *args, **kwargs) -> engine_lib.BlockDiffusionRolloutOutput:
+  def generate(
+      self, prompts, *args, **kwargs
+  ) -> engine_lib.BlockDiffusionRolloutOutput:
     """`RLCluster.generate`, keeping every rollout's denoising trace.
 
     Same arguments as `RLCluster.generate`.
@@ -96,7 +98,14 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       raise RuntimeError("recorded rollout outputs do not match RLCluster's")
     return output
 
-  def _score(self, model, prompt_tokens, completion_tokens, commit_step, micro_batch_size):
+  def _score(
+      self,
+      model,
+      prompt_tokens,
+      completion_tokens,
+      commit_step,
+      micro_batch_size,
+  ):
     if commit_step is None:
       raise ValueError(
           "commit_step is required: block-diffusion log-probs are computed"

@@ -32,14 +32,18 @@ DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 ESTIMATORS = ("full", "sampled_token")
 
 
-def check_divergence(divergence: str, estimator: str, beta: float, temperature: float) -> None:
+def check_divergence(
+    divergence: str, estimator: str, beta: float, temperature: float
+) -> None:
   """Raises a clear error for an unknown divergence or a bad parameter."""
   if divergence not in DIVERGENCES:
     raise ValueError(
         f"divergence must be one of {DIVERGENCES}, got {divergence!r}"
     )
   if estimator not in ESTIMATORS:
-    raise ValueError(f"estimator must be one of {ESTIMATORS}, got {estimator!r}")
+    raise ValueError(
+        f"estimator must be one of {ESTIMATORS}, got {estimator!r}"
+    )
   for name, value in (("beta", beta), ("temperature", temperature)):
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
       raise TypeError(f"{name} must be a float, got {type(value).__name__}")
@@ -53,7 +57,9 @@ def check_divergence(divergence: str, estimator: str, beta: float, temperature: 
 
 
 def log_probs(
-    logits: jax.Array, temperature: float = 1.0, exclude_token_id: int | None = None
+    logits: jax.Array,
+    temperature: float = 1.0,
+    exclude_token_id: int | None = None,
 ) -> jax.Array:
   """float32 log-softmax of `logits / temperature`, optionally without a token.
 
@@ -161,5 +167,7 @@ def sampled_token_divergence(
   value, weight = _f_and_score_weight(log_ratio, divergence, beta)
   value = jax.lax.stop_gradient(value)
   weight = jax.lax.stop_gradient(weight)
-  surrogate = value + weight * (student_logp - jax.lax.stop_gradient(student_logp))
+  surrogate = value + weight * (
+      student_logp - jax.lax.stop_gradient(student_logp)
+  )
   return value, surrogate

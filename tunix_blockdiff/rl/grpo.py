@@ -38,7 +38,11 @@ from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import scoring
 from tunix_blockdiff.rollout import engine as engine_lib
 
-LOSS_AGG_MODES = ("token-mean", "sequence-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGG_MODES = (
+    "token-mean",
+    "sequence-mean-token-mean",
+    "seq-mean-token-sum",
+)
 LOG_RATIO_CLIP = 20.0
 
 
@@ -86,7 +90,7 @@ class BlockDiffusionGRPOConfig(grpo_learner.GRPOConfig):
       )
     if self.loss_algo != "grpo":
       raise ValueError(
-          f"loss_algo must be 'grpo' for block-diffusion GRPO, got"
+          "loss_algo must be 'grpo' for block-diffusion GRPO, got"
           f" {self.loss_algo!r}"
       )
     if self.denoise_config is not None and not isinstance(
@@ -123,7 +127,9 @@ def aggregate(
     return compat.WeightedMetric(jnp.sum(row_mean), rows)
   if mode == "seq-mean-token-sum":
     return compat.WeightedMetric(jnp.sum(masked), rows)
-  raise ValueError(f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}")
+  raise ValueError(
+      f"loss_agg_mode must be one of {LOSS_AGG_MODES}, got {mode!r}"
+  )
 
 
 def _require_trace(train_example) -> jax.Array:
@@ -222,7 +228,9 @@ def bd_grpo_loss_fn(
   per_token = pg_per_token
   aux = {
       "pg_loss": aggregate(pg_per_token, mask, mode),
-      "pg_clipfrac": aggregate((clipped > unclipped).astype(jnp.float32), mask, "token-mean"),
+      "pg_clipfrac": aggregate(
+          (clipped > unclipped).astype(jnp.float32), mask, "token-mean"
+      ),
       "ppo_kl": aggregate(-log_ratio, mask, "token-mean"),
       "is_ratio/mean": aggregate(ratio, mask, "token-mean"),
       "is_ratio/max": jnp.max(jnp.where(active, ratio, -jnp.inf)),
@@ -361,12 +369,18 @@ class BlockDiffusionGRPOLearner(TraceLearnerMixin, grpo_learner.GRPOLearner):
     ref_logps = None
     if self.algo_config.beta != 0.0:
       ref_logps = self.rl_cluster.get_ref_per_token_logps(
-          prompt_ids, trace_tokens, micro_batch_size=micro, commit_step=commit_step
+          prompt_ids,
+          trace_tokens,
+          micro_batch_size=micro,
+          commit_step=commit_step,
       )
     old_logps = None
     if self.algo_config.num_iterations > 1:
       old_logps = self.rl_cluster.get_old_per_token_logps(
-          prompt_ids, trace_tokens, micro_batch_size=micro, commit_step=commit_step
+          prompt_ids,
+          trace_tokens,
+          micro_batch_size=micro,
+          commit_step=commit_step,
       )
     rewards = self._compute_rewards(
         prompts=training_input["prompts"],

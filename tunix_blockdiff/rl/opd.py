@@ -112,7 +112,9 @@ def diffusion_opd_loss_fn(
   """
   divergence_lib.check_divergence(divergence, estimator, beta, temperature)
   student_batch = batch.student_batch
-  student_vocab = getattr(getattr(student_model, "config", None), "vocab_size", None)
+  student_vocab = getattr(
+      getattr(student_model, "config", None), "vocab_size", None
+  )
   if batch.teacher_logits is not None and student_vocab is not None:
     check_vocab_match(batch.teacher_logits.shape[-1], student_vocab)
   if estimator == "full" and batch.teacher_logits is None:
@@ -141,7 +143,9 @@ def diffusion_opd_loss_fn(
       temperature,
       exclude_token_id,
   )
-  student_logp = jnp.take_along_axis(student_log_probs, safe_targets, axis=-1)[..., 0]
+  student_logp = jnp.take_along_axis(student_log_probs, safe_targets, axis=-1)[
+      ..., 0
+  ]
   if batch.teacher_logits is not None:
     teacher_log_probs = divergence_lib.log_probs(
         jax.lax.stop_gradient(
@@ -150,7 +154,9 @@ def diffusion_opd_loss_fn(
         temperature,
         exclude_token_id,
     )
-    teacher_logp = jnp.take_along_axis(teacher_log_probs, safe_targets, axis=-1)[..., 0]
+    teacher_logp = jnp.take_along_axis(
+        teacher_log_probs, safe_targets, axis=-1
+    )[..., 0]
   else:
     teacher_logp = jax.lax.stop_gradient(
         jnp.asarray(batch.teacher_logps, jnp.float32)
@@ -233,7 +239,9 @@ def ar_teacher_logits(
   """
   prompt_mask = jnp.asarray(prompt_mask, jnp.bool_)
   seen = jnp.asarray(completion_mask) > 0
-  tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1).astype(jnp.int32)
+  tokens = jnp.concatenate([prompt_tokens, completion_tokens], axis=1).astype(
+      jnp.int32
+  )
   validity = jnp.concatenate([prompt_mask, seen], axis=1)
   positions = jnp.maximum(jnp.cumsum(validity.astype(jnp.int32), axis=1) - 1, 0)
   # Causal = block-causal with blocks of one slot.
@@ -265,7 +273,9 @@ def teacher_logits(
       block-diffusion teacher).
   """
   if teacher_kind not in TEACHER_KINDS:
-    raise ValueError(f"teacher_kind must be one of {TEACHER_KINDS}, got {teacher_kind!r}")
+    raise ValueError(
+        f"teacher_kind must be one of {TEACHER_KINDS}, got {teacher_kind!r}"
+    )
   graphdef, state = nnx.split(teacher)
   per_model = _TEACHERS.setdefault(teacher, {})
   key = (teacher_kind, config)
@@ -337,7 +347,9 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
         self.divergence, self.estimator, self.beta, self.temperature
     )
     if self.num_iterations < 1:
-      raise ValueError(f"num_iterations must be >= 1, got {self.num_iterations}")
+      raise ValueError(
+          f"num_iterations must be >= 1, got {self.num_iterations}"
+      )
 
 
 def bd_opd_loss_fn(
@@ -495,14 +507,18 @@ class BlockDiffusionOPDLearner(grpo.TraceLearnerMixin, rl_learner.RLLearner):
         mask_token_id=config.mask_token_id,
         loss_weights=scored.astype(np.float32),
     )
-    logits = teacher_logits(self.teacher, self.teacher_kind, student_batch, config)
+    logits = teacher_logits(
+        self.teacher, self.teacher_kind, student_batch, config
+    )
     teacher_logps = None
     if self.algo_config.estimator == "sampled_token":
       log_probs = divergence_lib.log_probs(
           logits, self.algo_config.temperature, config.mask_token_id
       )
       teacher_logps = jnp.take_along_axis(
-          log_probs, jnp.asarray(np.where(scored, trace_tokens, 0))[..., None], axis=-1
+          log_probs,
+          jnp.asarray(np.where(scored, trace_tokens, 0))[..., None],
+          axis=-1,
       )[..., 0]
       logits = None
     rewards = self._compute_rewards(
@@ -577,7 +593,9 @@ def evaluate_divergence(
   logits = teacher_logits(teacher, teacher_kind, student_batch, config)
   out = diffusion_opd_loss_fn(
       student,
-      DiffusionDistillationBatch(student_batch=student_batch, teacher_logits=logits),
+      DiffusionDistillationBatch(
+          student_batch=student_batch, teacher_logits=logits
+      ),
       scoring.trajectory_logits_fn_for(config),
       divergence=divergence,
       estimator="full",

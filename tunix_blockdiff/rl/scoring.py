@@ -52,7 +52,6 @@ def _is_concrete(*values) -> bool:
   return not any(isinstance(v, jax.core.Tracer) for v in values)
 
 
-
 def prepare_trajectory_batch(
     prompt_tokens,
     prompt_mask,
@@ -116,7 +115,8 @@ def prepare_trajectory_batch(
   elif tuple(jnp.shape(loss_weights)) != tuple(completion_tokens.shape):
     raise ValueError(
         "loss_weights must have the shape of completion_tokens"
-        f" {tuple(completion_tokens.shape)}, got {tuple(jnp.shape(loss_weights))}"
+        f" {tuple(completion_tokens.shape)}, got"
+        f" {tuple(jnp.shape(loss_weights))}"
     )
   if _is_concrete(prompt_mask, completion_tokens, commit_step, loss_weights):
     steps = np.asarray(commit_step)
@@ -150,7 +150,9 @@ def _as_int_array(name: str, value):
   if not isinstance(value, (jax.Array, np.ndarray)):
     value = np.asarray(value)
   if value.ndim != 2:
-    raise ValueError(f"{name} must have shape [batch, length], got {value.shape}")
+    raise ValueError(
+        f"{name} must have shape [batch, length], got {value.shape}"
+    )
   if not jnp.issubdtype(value.dtype, jnp.integer):
     raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
   return value
@@ -184,10 +186,15 @@ def sequence_layout(
   )
   committed = commit_step >= 0
   return {
-      "tokens": jnp.concatenate(
-          [prompt_tokens, jnp.where(committed, completion_tokens, mask_token_id)],
-          axis=1,
-      ).astype(jnp.int32),
+      "tokens": (
+          jnp.concatenate(
+              [
+                  prompt_tokens,
+                  jnp.where(committed, completion_tokens, mask_token_id),
+              ],
+              axis=1,
+          ).astype(jnp.int32)
+      ),
       "positions": jnp.concatenate(
           [prompt_positions, completion_positions], axis=1
       ),
@@ -327,7 +334,9 @@ def make_trajectory_logits_fn(
         num_ranks=num_ranks,
     )
     if _is_concrete(ranks) and num_ranks < block_size:
-      if np.any(np.asarray((ranks >= num_ranks) & (layout["commit_step"] >= 0))):
+      if np.any(
+          np.asarray((ranks >= num_ranks) & (layout["commit_step"] >= 0))
+      ):
         raise ValueError(
             f"a block took more than max_steps_per_block={num_ranks} steps;"
             " raise it (block_size always suffices)"
@@ -394,7 +403,9 @@ def compute_diffusion_per_token_logps(
     entropies.
   """
   if not isinstance(config, config_lib.DenoiseConfig):
-    raise TypeError(f"config must be a DenoiseConfig, got {type(config).__name__}")
+    raise TypeError(
+        f"config must be a DenoiseConfig, got {type(config).__name__}"
+    )
   logits = logits_fn(model, batch.model_inputs)
   targets = jnp.asarray(batch.target_ids)
   if logits.ndim != 3 or tuple(logits.shape[:2]) != tuple(targets.shape):
@@ -543,4 +554,6 @@ def score_trajectories_jit(
   )
   graphdef, state = nnx.split(model)
   program = _jitted_scorer(graphdef, config)
-  return program(state, batch.model_inputs, batch.target_ids, batch.loss_weights)
+  return program(
+      state, batch.model_inputs, batch.target_ids, batch.loss_weights
+  )

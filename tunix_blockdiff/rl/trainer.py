@@ -117,7 +117,9 @@ class BlockDiffusionRLTrainer(rl_trainer.Trainer):
 
     if grad_sums is None:
       scale = _inverse(denominator)
-      grads_to_apply = jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
+      grads_to_apply = jax.tree.map(
+          lambda g: (g * scale).astype(g.dtype), grads
+      )
       total = denominator
       is_update = jnp.ones((), jnp.bool_)
     else:

@@ -84,19 +84,23 @@ def concat_outputs(
   prompt_width = max(o.left_padded_prompt_tokens.shape[1] for o in outputs)
 
   def left_pad(x):
-    return np.pad(x, ((0, 0), (prompt_width - x.shape[1], 0)), constant_values=pad_id)
+    return np.pad(
+        x, ((0, 0), (prompt_width - x.shape[1], 0)), constant_values=pad_id
+    )
 
   return BlockDiffusionRolloutOutput(
       text=[t for o in outputs for t in o.text],
-      logits=[l for o in outputs for l in (o.logits or [])],
+      logits=[l for o in outputs for l in o.logits or []],
       tokens=[t for o in outputs for t in o.tokens],
       left_padded_prompt_tokens=np.concatenate(
           [left_pad(o.left_padded_prompt_tokens) for o in outputs], axis=0
       ),
-      logprobs=[l for o in outputs for l in (o.logprobs or [])],
+      logprobs=[l for o in outputs for l in o.logprobs or []],
       trace_tokens=np.concatenate([o.trace_tokens for o in outputs], axis=0),
       commit_steps=np.concatenate([o.commit_steps for o in outputs], axis=0),
-      trace_logprobs=np.concatenate([o.trace_logprobs for o in outputs], axis=0),
+      trace_logprobs=np.concatenate(
+          [o.trace_logprobs for o in outputs], axis=0
+      ),
       denoise_config=outputs[0].denoise_config,
   )
 
