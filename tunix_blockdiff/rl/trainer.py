@@ -199,10 +199,34 @@ class BlockDiffusionRLTrainer(rl_trainer.Trainer):
       self._jitted_eval_step_fn = bind(jitted_eval, self.model)
     return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
+  def _buffer_metrics(
+      self, metrics_buffer, loss, step, additional_metrics=None
+  ):
+    if self._tunix_accumulates:
+      return super()._buffer_metrics(
+          metrics_buffer, loss, step, additional_metrics
+      )
+    # The step's loss is reported as sum of sums / sum of denominators, and
+    # its gradient norm as that of the applied update (accumulating
+    # micro-steps report 0), like BlockDiffusionTrainer.
+    if metrics_buffer is None:
+      metrics_buffer = sft_trainer.TokenWeightedMetricsBuffer(
+          step=step, losses=[]
+      )
+    additional = dict(additional_metrics or {})
+    if "grad_norm" in additional:
+      additional["grad_norm"] = (additional["grad_norm"][0], _max)
+    return super()._buffer_metrics(metrics_buffer, loss, step, additional)
+
   def _record_rl_metrics(self, buffer, aux) -> None:
     if buffer is None:
       return
-    metrics = aux.aux_metrics if isinstance(aux, compat.LossOutput) else aux
+    if isinstance(aux, compat.LossOutput):
+      if isinstance(buffer, sft_trainer.TokenWeightedMetricsBuffer):
+        buffer.weighted_losses.append(aux.primary_loss)
+      metrics = aux.aux_metrics
+    else:
+      metrics = aux
     for name, op in self.rl_metrics_to_log.items():
       values, _ = buffer.additional_metrics.setdefault(name, ([], op))
       values.append(np.asarray(_metric_value(metrics[name])))
@@ -212,3 +236,7 @@ class BlockDiffusionRLTrainer(rl_trainer.Trainer):
 
   def _post_process_eval_step(self, aux: Any) -> None:
     self._record_rl_metrics(self._buffered_eval_metrics, aux)
+
+
+def _max(values) -> float:
+  return float(np.max(np.asarray(values)))
