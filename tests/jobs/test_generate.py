@@ -1,0 +1,100 @@
+"""The `tunix-blockdiff generate` job on a run directory written here."""
+
+import json
+
+from flax import nnx
+import jax
+import numpy as np
+import omegaconf
+import pytest
+from tunix.sft import checkpoint_manager as checkpoint_lib
+
+from tunix_blockdiff import cli
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import generate as generate_job
+from tunix_blockdiff.rollout import cached
+
+TINY = [
+    "task.num_train=8",
+    "task.num_eval=4",
+    "model.num_layers=1",
+    "model.embed_dim=32",
+    "model.hidden_dim=64",
+    "model.head_dim=8",
+]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+  """A run directory as `sft` leaves it: recipe.yaml and a checkpoint."""
+  out = tmp_path_factory.mktemp("run")
+  cfg = common.load_recipe([f"output_dir={out}", *TINY])
+  common.prepare_output_dir(cfg)
+  model = common.build_model(cfg.model, seed=3)
+  manager = checkpoint_lib.CheckpointManager(str(out / "checkpoints"))
+  assert manager.save(7, model, force=True)
+  manager.close()
+  return out, cfg, model
+
+
+def test_generate_restores_the_checkpoint_and_matches_generate(run_dir, capsys):
+  out, cfg, model = run_dir
+  assert cli.main(["generate", str(out), "color=false", "steps_per_block=4"]) == 0
+  printed = capsys.readouterr().out
+  result = json.loads((out / "generate.json").read_text())
+  assert result["checkpoint_step"] == 7
+  assert len(result["prompts"]) == 4 and len(result["completions"]) == 4
+  assert "|" in printed and "\x1b[" not in printed
+  assert (out / "trajectory.png").read_bytes()[:4] == b"\x89PNG"
+  # The restored weights are the saved ones: the same tokens as generating
+  # with the in-memory model (a model with other weights would differ).
+  tokenizer = common.build_tokenizer(cfg.tokenizer)
+  encoded = [common.encode_pair(tokenizer, p, "")[0] for p in result["prompts"]]
+  lengths = np.array([len(e) for e in encoded], np.int32)
+  prompts = np.zeros((4, lengths.max()), np.int32)
+  for b, ids in enumerate(encoded):
+    prompts[b, prompts.shape[1] - len(ids):] = ids
+  diffusion = common.diffusion_config_from(cfg.diffusion)
+  expected = cached.generate(
+      model,
+      prompts,
+      lengths,
+      generate_job.config_lib.DenoiseConfig(
+          block_size=diffusion.block_size,
+          mask_token_id=diffusion.mask_token_id,
+          steps_per_block=4,
+          eos_token_id=tokenizer.eos_id(),
+          pad_token_id=tokenizer.pad_id(),
+      ),
+      max_new_tokens=len(result["tokens"][0]),
+  )
+  np.testing.assert_array_equal(result["tokens"], np.asarray(expected.tokens))
+  np.testing.assert_array_equal(
+      result["commit_step"], np.asarray(expected.commit_step)
+  )
+  # A static schedule of 4 steps per block of 8 commits 2 per call.
+  assert result["tokens_per_step"] > 1.0
+
+
+def test_generate_custom_prompts(run_dir):
+  out, _, _ = run_dir
+  assert cli.main([
+      "generate", str(out), 'prompts=["rev 123>"]', "max_new_tokens=5",
+      "color=false", f"png={out / 'custom.png'}",
+  ]) == 0
+  result = json.loads((out / "generate.json").read_text())
+  assert result["prompts"] == ["rev 123>"] and result["exact_match"] is None
+  assert len(result["tokens"][0]) == 5
+  assert (out / "custom.png").is_file()
+
+
+def test_generate_errors(run_dir, tmp_path):
+  out, _, _ = run_dir
+  with pytest.raises(ValueError, match="usage"):
+    cli.main(["generate"])
+  with pytest.raises(FileNotFoundError, match="recipe.yaml"):
+    cli.main(["generate", str(tmp_path)])
+  with pytest.raises(ValueError, match="unknown generate option"):
+    cli.main(["generate", str(out), "thresold=0.5"])
+  with pytest.raises(ValueError, match="max_new_tokens is required"):
+    cli.main(["generate", str(out), 'prompts=["rev 1>"]'])

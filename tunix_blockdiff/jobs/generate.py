@@ -1,0 +1,235 @@
+"""`tunix-blockdiff generate RUN_DIR [key=value ...]`: generate from a checkpoint.
+
+Loads the recipe and latest checkpoint that `tunix-blockdiff sft` wrote to
+RUN_DIR, generates completions for the given prompts with the exact
+block-KV-cached driver, prints them with each token coloured by the
+denoising step that committed it, and writes the trajectory as a PNG plus a
+`generate.json` with tokens, commit steps and log-probs.
+
+Keys (omegaconf dotlist):
+  prompts=[...]        prompt strings (default: 4 held-out task prompts)
+  threshold=0.9        confidence threshold
+  steps_per_block=null static schedule (steps per block) instead
+  temperature=0.0      0 is greedy; > 0 samples (with seed)
+  max_new_tokens=null  default: the task's longest answer + EOS
+  seed=0               PRNG seed for sampling
+  png=null             default: RUN_DIR/trajectory.png
+  color=true           ANSI colours in the terminal output
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import sys
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+import omegaconf
+from tunix.sft import checkpoint_manager as checkpoint_lib
+
+from tunix_blockdiff import checkpoints
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import trajectory
+from tunix_blockdiff.jobs import common
+
+DEFAULTS = {
+    "prompts": None,
+    "threshold": 0.9,
+    "steps_per_block": None,
+    "temperature": 0.0,
+    "max_new_tokens": None,
+    "seed": 0,
+    "png": None,
+    "color": True,
+}
+OUTPUT_FILE = "generate.json"
+FIGURE_FILE = "trajectory.png"
+
+
+def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]:
+  """(run_dir, options) from `RUN_DIR [key=value ...]`."""
+  argv = list(argv)
+  if not argv or "=" in argv[0]:
+    raise ValueError(
+        "usage: tunix-blockdiff generate RUN_DIR [key=value ...]; RUN_DIR is"
+        " the output_dir of a `tunix-blockdiff sft` run"
+    )
+  run_dir = pathlib.Path(argv.pop(0)).expanduser().resolve()
+  if not (run_dir / common.RECIPE_FILE).is_file():
+    raise FileNotFoundError(
+        f"{run_dir / common.RECIPE_FILE} not found: RUN_DIR must be the"
+        " output_dir of a `tunix-blockdiff sft` run"
+    )
+  options = omegaconf.OmegaConf.create(DEFAULTS)
+  omegaconf.OmegaConf.set_struct(options, True)
+  try:
+    options = omegaconf.OmegaConf.merge(
+        options, omegaconf.OmegaConf.from_dotlist(argv)
+    )
+  except omegaconf.errors.ConfigKeyError as e:
+    raise ValueError(
+        f"unknown generate option: {e}; known: {sorted(DEFAULTS)}"
+    ) from None
+  return run_dir, options
+
+
+def load_trained_model(run_dir: pathlib.Path, cfg):
+  """The model of an SFT run with its latest checkpoint (LoRA merged).
+
+  Returns:
+    (model, restored_step). Raises if the run has no checkpoint.
+  """
+  model = common.build_model(cfg.model, seed=int(cfg.seed))
+  base_model = model
+  model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
+  manager = checkpoint_lib.CheckpointManager(str(run_dir / "checkpoints"))
+  step, _ = manager.maybe_restore(
+      model, restore_only_lora_params=model is not base_model
+  )
+  manager.close()
+  if step == 0:
+    raise FileNotFoundError(f"no checkpoint found under {run_dir / 'checkpoints'}")
+  if model is not base_model:
+    model = checkpoints.merge_lora(
+        model, base_model, rank=int(cfg.lora.rank), alpha=float(cfg.lora.alpha)
+    )
+  return model, step
+
+
+def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
+  """Generates and renders; returns what `generate.json` holds."""
+  cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
+  tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
+  diffusion = common.diffusion_config_from(cfg.diffusion)
+  model, step = load_trained_model(run_dir, cfg)
+
+  task = None
+  if options.prompts is None:
+    task_data = common.build_task_data(
+        cfg.task,
+        tokenizer,
+        seq_len=int(cfg.data.seq_len),
+        vocab_size=common.model_vocab_size(model),
+        mask_token_id=diffusion.mask_token_id,
+    )
+    task = task_data.task
+    pairs = task_data.eval_pairs[:4]
+    prompts = [p for p, _ in pairs]
+    answers = [a for _, a in pairs]
+  else:
+    prompts = [str(p) for p in options.prompts]
+    answers = [None] * len(prompts)
+  if not prompts:
+    raise ValueError("prompts must name at least one prompt")
+  encoded = [common.encode_pair(tokenizer, p, "")[0] for p in prompts]
+  lengths = np.asarray([len(ids) for ids in encoded], np.int32)
+  width = int(lengths.max())
+  prompt_tokens = np.full((len(encoded), width), tokenizer.pad_id(), np.int32)
+  for b, ids in enumerate(encoded):
+    prompt_tokens[b, width - len(ids) :] = ids
+
+  max_new = options.max_new_tokens
+  if max_new is None:
+    if task is None:
+      raise ValueError("max_new_tokens is required with custom prompts")
+    max_new = task.max_answer_chars + 1
+  denoise_config = config_lib.DenoiseConfig(
+      block_size=diffusion.block_size,
+      mask_token_id=diffusion.mask_token_id,
+      threshold=float(options.threshold),
+      alignment=diffusion.alignment,
+      steps_per_block=options.steps_per_block,
+      temperature=float(options.temperature),
+      eos_token_id=tokenizer.eos_id(),
+      pad_token_id=tokenizer.pad_id(),
+  )
+  from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
+
+  result = cached.generate(
+      model,
+      prompt_tokens,
+      lengths,
+      denoise_config,
+      max_new_tokens=int(max_new),
+      rng=jax.random.key(int(options.seed)),
+  )
+  tokens = np.asarray(result.tokens)
+  commit_step = np.asarray(result.commit_step)
+  completions = [tokenizer.decode(row) for row in tokens]
+  committed = int((commit_step >= 0).sum())
+  # As in the SFT eval: a row takes part in every step until its last commit.
+  calls = int(np.sum(commit_step.max(axis=1) + 1))
+
+  def decode_token(i: int) -> str:
+    text = tokenizer.decode([i])
+    if i == tokenizer.eos_id():
+      return "⏎"
+    return text or "·"
+
+  png = pathlib.Path(options.png or run_dir / FIGURE_FILE)
+  trajectory.render_png(
+      str(png),
+      tokens,
+      commit_step,
+      decode_token,
+      diffusion.block_size,
+      first_position=lengths,
+      row_labels=prompts,
+      title=f"denoising trajectory (threshold {float(options.threshold):g}, step {step})",
+  )
+  text = trajectory.render_terminal(
+      tokens,
+      commit_step,
+      decode_token,
+      diffusion.block_size,
+      first_position=lengths,
+      prompts=[p + " " for p in prompts],
+  )
+  if not options.color:
+    import re  # pylint: disable=g-import-not-at-top
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+  print(text)
+  output = {
+      "checkpoint_step": step,
+      "prompts": prompts,
+      "completions": completions,
+      "answers": answers,
+      "exact_match": (
+          None
+          if task is None
+          else float(np.mean([c == a for c, a in zip(completions, answers)]))
+      ),
+      "tokens": tokens,
+      "commit_step": commit_step,
+      "logprobs": np.asarray(result.logprobs),
+      "num_steps": int(result.num_steps),
+      "committed_tokens": committed,
+      "tokens_per_step": committed / max(calls, 1),
+      "png": str(png),
+  }
+  (run_dir / OUTPUT_FILE).write_text(
+      json.dumps(common._jsonable(output), indent=2) + "\n"  # pylint: disable=protected-access
+  )
+  return output
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in ("-h", "--help"):
+    print(__doc__)
+    return 0
+  run_dir, options = parse_args(argv)
+  output = run(run_dir, options)
+  print(
+      f"tokens_per_step: {output['tokens_per_step']:.2f}  exact_match:"
+      f" {output['exact_match']}  wrote {output['png']} and"
+      f" {run_dir / OUTPUT_FILE}"
+  )
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
