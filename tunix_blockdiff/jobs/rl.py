@@ -348,17 +348,15 @@ def run(cfg) -> dict[str, Any]:
       float(np.mean(train_rewards[i : i + per_step]))
       for i in range(0, len(train_rewards), per_step)
   ]
+  window = max(1, len(batch_rewards) // 10)
   summary = {
       "reward_start": start["sampled"],
       "reward_end": end["sampled"],
       "greedy_exact_match_start": start["greedy"],
       "greedy_exact_match_end": end["greedy"],
-      "train_reward_first_steps": (
-          float(np.mean(batch_rewards[:5])) if batch_rewards else None
-      ),
-      "train_reward_last_steps": (
-          float(np.mean(batch_rewards[-5:])) if batch_rewards else None
-      ),
+      # Mean training reward over the first and last tenth of the steps.
+      "train_reward_first_steps": float(np.mean(batch_rewards[:window])),
+      "train_reward_last_steps": float(np.mean(batch_rewards[-window:])),
       "train_step_rewards": batch_rewards,
       "steps": steps,
       "optimizer_steps": cluster.actor_trainer.train_steps,
