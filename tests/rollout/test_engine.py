@@ -43,8 +43,14 @@ def _output():
   return _engine().generate(PROMPTS, ROLLOUT_CONFIG)
 
 
-def test_constructs_like_rlcluster_does_with_a_partial():
-  factory = functools.partial(engine_lib.BlockDiffusionRollout, block_size=4)
+@pytest.mark.parametrize(
+    "factory",
+    [
+        engine_lib.BlockDiffusionRollout,
+        functools.partial(engine_lib.BlockDiffusionRollout, block_size=2),
+    ],
+)
+def test_constructs_like_rlcluster_does(factory):
   model = _engine().model()
   engine = factory(
       rollout_actor=model,
@@ -53,6 +59,8 @@ def test_constructs_like_rlcluster_does_with_a_partial():
       rollout_config=ROLLOUT_CONFIG,
   )
   assert isinstance(engine, base_rollout.BaseRollout)
+  expected_block = getattr(factory, "keywords", {}).get("block_size", 4)
+  assert engine.score_config.block_size == expected_block
   assert engine.model() is model
   # Mask id from the tokenizer; EOS and pad from it too.
   assert engine.score_config.mask_token_id == TOKENIZER.mask_id()

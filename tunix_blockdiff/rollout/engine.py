@@ -151,7 +151,7 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
       mesh: jax.sharding.Mesh | None = None,
       rollout_config: base_rollout.RolloutConfig | None = None,
       *,
-      block_size: int,
+      block_size: int = 4,
       mask_token_id: int | None = None,
       threshold: float = 0.9,
       alignment: str = "same_position",
@@ -170,7 +170,10 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
       mesh: Rollout mesh, if any.
       rollout_config: Tunix `RolloutConfig` of TRAIN mode; its sampling knobs
         define the default scoring distribution (`score_config`).
-      block_size: Slots per block.
+      block_size: Slots per block; must be the block size the model was
+        trained with (default 4, SDAR's, so the bare class works as
+        `ClusterConfig(rollout_engine=BlockDiffusionRollout)`; bind yours
+        with `functools.partial`).
       mask_token_id: Mask token id; default `tokenizer.mask_id()` (or
         `mask_token_id`) when the tokenizer has one.
       threshold: Confidence threshold of the denoiser (DESIGN.md 5.3).
