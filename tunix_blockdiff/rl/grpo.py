@@ -132,7 +132,8 @@ def aggregate(
   )
 
 
-def _require_trace(train_example) -> jax.Array:
+def require_trace(train_example) -> jax.Array:
+  """The example's commit steps int [B, N], or a clear error if absent."""
   commit_step = getattr(train_example, "commit_step", None)
   if commit_step is None:
     raise ValueError(
@@ -143,7 +144,8 @@ def _require_trace(train_example) -> jax.Array:
   return commit_step
 
 
-def _require_denoise_config(algo_config) -> config_lib.DenoiseConfig:
+def require_denoise_config(algo_config) -> config_lib.DenoiseConfig:
+  """`algo_config.denoise_config`, or a clear error if it is not set."""
   config = getattr(algo_config, "denoise_config", None)
   if not isinstance(config, config_lib.DenoiseConfig):
     raise ValueError(
@@ -159,7 +161,7 @@ def policy_log_probs(model, train_example, config: config_lib.DenoiseConfig):
       train_example.prompt_ids,
       train_example.prompt_mask,
       train_example.completion_ids,
-      _require_trace(train_example),
+      require_trace(train_example),
       mask_token_id=config.mask_token_id,
       loss_weights=train_example.completion_mask,
   )
@@ -206,7 +208,7 @@ def bd_grpo_loss_fn(
     `is_ratio/mean`, `is_ratio/max`, `is_ratio/min`, `entropy`, `pg_loss`.
   """
   del pad_id, eos_id, kwargs
-  config = _require_denoise_config(algo_config)
+  config = require_denoise_config(algo_config)
   mode = algo_config.loss_agg_mode
   epsilon = algo_config.epsilon
   epsilon_high = getattr(algo_config, "epsilon_high", None) or epsilon
@@ -424,4 +426,6 @@ __all__ = [
     "aggregate",
     "bd_grpo_loss_fn",
     "policy_log_probs",
+    "require_denoise_config",
+    "require_trace",
 ]

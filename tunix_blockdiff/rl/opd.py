@@ -376,12 +376,12 @@ def bd_opd_loss_fn(
     `diffusion_opd_loss_fn`'s `LossOutput`.
   """
   del pad_id, eos_id, kwargs
-  config = grpo._require_denoise_config(algo_config)  # pylint: disable=protected-access
+  config = grpo.require_denoise_config(algo_config)
   student_batch = scoring.prepare_trajectory_batch(
       train_example.prompt_ids,
       train_example.prompt_mask,
       train_example.completion_ids,
-      grpo._require_trace(train_example),  # pylint: disable=protected-access
+      grpo.require_trace(train_example),
       mask_token_id=config.mask_token_id,
       loss_weights=train_example.completion_mask,
   )
