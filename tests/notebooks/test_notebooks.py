@@ -12,7 +12,9 @@ NOTEBOOKS = sorted(
 
 
 def test_there_are_notebooks():
-  assert [p.name for p in NOTEBOOKS][:2] == ["01_sft.ipynb", "02_generation.ipynb"]
+  assert [p.name for p in NOTEBOOKS] == [
+      "01_sft.ipynb", "02_generation.ipynb", "03_rl_opd.ipynb"
+  ]
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
