@@ -177,18 +177,17 @@ class GradientSums(nnx.Module):
           f"grads have {len(leaves)} leaves, the accumulator {len(self.sums)}"
       )
     for total, grad in zip(self.sums, leaves):
-      total.value = total.value + grad.astype(jnp.float32)
-    self.denominator.value = self.denominator.value + jnp.asarray(
-        denominator, jnp.float32
+      total.set_value(total.get_value() + grad.astype(jnp.float32))
+    self.denominator.set_value(
+        self.denominator.get_value() + jnp.asarray(denominator, jnp.float32)
     )
-    self.micro_steps.value = self.micro_steps.value + 1
+    self.micro_steps.set_value(self.micro_steps.get_value() + 1)
 
   def mean(self) -> Any:
     """Sum of gradients / sum of denominators (zeros when it is 0)."""
-    denominator = self.denominator.value
-    scale = jnp.where(denominator > 0, 1.0 / jnp.where(denominator > 0, denominator, 1.0), 0.0)
+    scale = _reciprocal_or_zero(self.denominator.get_value())
     leaves = [
-        (total.value * scale).astype(dtype)
+        (total.get_value() * scale).astype(dtype)
         for total, dtype in zip(self.sums, self._dtypes)
     ]
     return jax.tree.unflatten(self._treedef, leaves)
@@ -196,9 +195,11 @@ class GradientSums(nnx.Module):
   def reset_where(self, done: jax.Array) -> None:
     """Zeroes everything where `done` (a bool scalar) holds."""
     for total in self.sums:
-      total.value = jnp.where(done, 0.0, total.value)
-    self.denominator.value = jnp.where(done, 0.0, self.denominator.value)
-    self.micro_steps.value = jnp.where(done, 0, self.micro_steps.value)
+      total.set_value(jnp.where(done, 0.0, total.get_value()))
+    self.denominator.set_value(
+        jnp.where(done, 0.0, self.denominator.get_value())
+    )
+    self.micro_steps.set_value(jnp.where(done, 0, self.micro_steps.get_value()))
 
 
 @dataclasses.dataclass(slots=True, kw_only=True)
@@ -372,8 +373,8 @@ class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
     else:
       grad_sums.add(grads, denominator)
       grads_to_apply = grad_sums.mean()
-      total = grad_sums.denominator.value
-      is_update = grad_sums.micro_steps.value >= self._accumulation
+      total = grad_sums.denominator.get_value()
+      is_update = grad_sums.micro_steps.get_value() >= self._accumulation
 
     def apply(model, optimizer, grads):
       optimizer.update(model, grads)
@@ -424,7 +425,9 @@ class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
     eval_step = self.create_eval_step_fn()
     if skip_jit:
       return (
-          functools.partial(train_step, self.model, self.optimizer, self.grad_sums),
+          functools.partial(
+              train_step, self.model, self.optimizer, self.grad_sums
+          ),
           functools.partial(eval_step, self.model),
       )
     if self._jitted_train_step_fn is None:
@@ -458,7 +461,10 @@ class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
       metrics_buffer = TokenWeightedMetricsBuffer(step=step, losses=[])
     additional = dict(additional_metrics or {})
     if "grad_norm" in additional:
-      additional["grad_norm"] = (additional["grad_norm"][0], _grad_norm_of_update)
+      additional["grad_norm"] = (
+          additional["grad_norm"][0],
+          _grad_norm_of_update,
+      )
     return super()._buffer_metrics(metrics_buffer, loss, step, additional)
 
   def _record(self, buffer, aux) -> None:
@@ -466,7 +472,11 @@ class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
       return
     buffer.weighted_losses.append(aux.primary_loss)
     for name, metric in aux.aux_metrics.items():
-      op = weighted_mean if isinstance(metric, compat.WeightedMetric) else np.mean
+      op = (
+          weighted_mean
+          if isinstance(metric, compat.WeightedMetric)
+          else np.mean
+      )
       values, _ = buffer.additional_metrics.setdefault(name, ([], op))
       values.append(metric)
 
@@ -483,10 +493,14 @@ class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
     return ["loss", "accuracy", "learning_rate"]
 
 
+def _reciprocal_or_zero(denominator: jax.Array) -> jax.Array:
+  """1 / denominator, and 0 (not inf, and no NaN gradient) where it is 0."""
+  positive = denominator > 0
+  return jnp.where(positive, 1.0 / jnp.where(positive, denominator, 1.0), 0.0)
+
+
 def _scale(grads, denominator):
-  scale = jnp.where(
-      denominator > 0, 1.0 / jnp.where(denominator > 0, denominator, 1.0), 0.0
-  )
+  scale = _reciprocal_or_zero(denominator)
   return jax.tree.map(lambda g: (g * scale).astype(g.dtype), grads)
 
 
