@@ -103,7 +103,9 @@ def test_block_aligned_packing_needs_seq_len_multiple_of_block():
     data.SFTBatches(
         _examples([(2, 3)]),
         _dcfg(),
-        data.DataConfig(seq_len=30, batch_size=1, vocab_size=VOCAB, packing="block_aligned"),
+        data.DataConfig(
+            seq_len=30, batch_size=1, vocab_size=VOCAB, packing="block_aligned"
+        ),
     )
 
 
@@ -129,7 +131,11 @@ def test_batch_invariants(lengths, packing, stream, shifted, seed):
   )
   examples = _examples(lengths, seed=seed)
   cfg = data.DataConfig(
-      seq_len=32, batch_size=2, vocab_size=VOCAB, seed=seed, packing=packing,
+      seq_len=32,
+      batch_size=2,
+      vocab_size=VOCAB,
+      seed=seed,
+      packing=packing,
       num_epochs=1,
   )
   batches = list(data.SFTBatches(examples, dcfg, cfg))
@@ -156,7 +162,9 @@ def test_batch_invariants(lengths, packing, stream, shifted, seed):
         n = doc["slots"].size
         np.testing.assert_array_equal(doc["positions"], np.arange(n))
         # Contiguous, prompt first, then completion.
-        np.testing.assert_array_equal(doc["slots"], doc["slots"][0] + np.arange(n))
+        np.testing.assert_array_equal(
+            doc["slots"], doc["slots"][0] + np.arange(n)
+        )
         if packing == "block_aligned":
           assert doc["slots"][0] % BLOCK == 0
         c = int(doc["completion"].sum())
@@ -181,8 +189,12 @@ def test_corruption_of_a_document_does_not_depend_on_packing():
   per_packing = {}
   for packing in data.PACKINGS:
     cfg = data.DataConfig(
-        seq_len=32, batch_size=2, vocab_size=VOCAB, packing=packing,
-        shuffle=False, num_epochs=1,
+        seq_len=32,
+        batch_size=2,
+        vocab_size=VOCAB,
+        packing=packing,
+        shuffle=False,
+        num_epochs=1,
     )
     docs = {}
     for batch in data.SFTBatches(examples, dcfg, cfg):
@@ -201,17 +213,25 @@ def test_corruption_of_a_document_does_not_depend_on_packing():
 def test_packing_first_fit_packs_several_documents_per_row():
   examples = _examples([(2, 3)] * 8)
   cfg = data.DataConfig(
-      seq_len=16, batch_size=2, vocab_size=VOCAB, packing="unaligned",
-      shuffle=False, num_epochs=1,
+      seq_len=16,
+      batch_size=2,
+      vocab_size=VOCAB,
+      packing="unaligned",
+      shuffle=False,
+      num_epochs=1,
   )
   batch = next(iter(data.SFTBatches(examples, _dcfg(), cfg)))
   # Five-token documents: three fit in 16 slots unaligned...
-  np.testing.assert_array_equal(batch["segment_ids"][0, :15], np.repeat([1, 2, 3], 5))
+  np.testing.assert_array_equal(
+      batch["segment_ids"][0, :15], np.repeat([1, 2, 3], 5)
+  )
   assert batch["validity"].sum() == 30
   aligned = dataclasses.replace(cfg, packing="block_aligned")
   batch = next(iter(data.SFTBatches(examples, _dcfg(), aligned)))
   # ...and two when each must start at a multiple of 4 (slots 0 and 8).
-  np.testing.assert_array_equal(np.flatnonzero(np.diff(batch["segment_ids"][0]) != 0) + 1, [5, 8, 13])
+  np.testing.assert_array_equal(
+      np.flatnonzero(np.diff(batch["segment_ids"][0]) != 0) + 1, [5, 8, 13]
+  )
 
 
 # Determinism, epochs, seeds.
@@ -223,7 +243,9 @@ def _all(ds):
 
 def test_deterministic_given_seed_and_reiterable():
   examples = _examples([(3, 4)] * 10 + [(2, 6)] * 6)
-  cfg = data.DataConfig(seq_len=16, batch_size=4, vocab_size=VOCAB, seed=5, num_epochs=2)
+  cfg = data.DataConfig(
+      seq_len=16, batch_size=4, vocab_size=VOCAB, seed=5, num_epochs=2
+  )
   ds = data.SFTBatches(examples, _dcfg(), cfg)
   first, again = _all(ds), _all(data.SFTBatches(examples, _dcfg(), cfg))
   assert len(first) == 8
@@ -231,7 +253,9 @@ def test_deterministic_given_seed_and_reiterable():
     for name in data.BATCH_FIELDS:
       np.testing.assert_array_equal(a[name], b[name])
       np.testing.assert_array_equal(a[name], c[name])
-  other = _all(data.SFTBatches(examples, _dcfg(), dataclasses.replace(cfg, seed=6)))
+  other = _all(
+      data.SFTBatches(examples, _dcfg(), dataclasses.replace(cfg, seed=6))
+  )
   assert any(
       not np.array_equal(a["inputs"], b["inputs"]) for a, b in zip(first, other)
   )
@@ -239,16 +263,24 @@ def test_deterministic_given_seed_and_reiterable():
 
 def test_epochs_reshuffle_and_recorrupt_every_example_once_per_epoch():
   examples = _examples([(2, 6)] * 12, seed=3)
-  cfg = data.DataConfig(seq_len=8, batch_size=4, vocab_size=VOCAB, seed=0, num_epochs=2)
+  cfg = data.DataConfig(
+      seq_len=8, batch_size=4, vocab_size=VOCAB, seed=0, num_epochs=2
+  )
   batches = _all(data.SFTBatches(examples, _dcfg(), cfg))
   assert len(batches) == 6
-  epochs = [np.concatenate([b["tokens"] for b in batches[3 * e : 3 * e + 3]]) for e in (0, 1)]
+  epochs = [
+      np.concatenate([b["tokens"] for b in batches[3 * e : 3 * e + 3]])
+      for e in (0, 1)
+  ]
   key = lambda rows: sorted(map(tuple, rows))
   all_docs = [tuple(np.concatenate([e.prompt, e.completion])) for e in examples]
   assert key(epochs[0]) == key(epochs[1]) == sorted(all_docs)
   assert not np.array_equal(epochs[0], epochs[1])  # new order
   # The same example gets new noise in the next epoch.
-  inputs = [np.concatenate([b["inputs"] for b in batches[3 * e : 3 * e + 3]]) for e in (0, 1)]
+  inputs = [
+      np.concatenate([b["inputs"] for b in batches[3 * e : 3 * e + 3]])
+      for e in (0, 1)
+  ]
   by_doc = [dict(zip(map(tuple, epochs[e]), inputs[e])) for e in (0, 1)]
   assert any(not np.array_equal(by_doc[0][k], by_doc[1][k]) for k in by_doc[0])
 
@@ -272,9 +304,13 @@ def test_encode_document_is_a_function_of_seed_epoch_and_id():
 
 def test_context_parallel_reordering_permutes_every_field():
   examples = _examples([(3, 5)] * 4)
-  base = data.DataConfig(seq_len=16, batch_size=2, vocab_size=VOCAB, shuffle=False, num_epochs=1)
+  base = data.DataConfig(
+      seq_len=16, batch_size=2, vocab_size=VOCAB, shuffle=False, num_epochs=1
+  )
   plain = _all(data.SFTBatches(examples, _dcfg(), base))
-  cp = _all(data.SFTBatches(examples, _dcfg(), dataclasses.replace(base, cp_size=2)))
+  cp = _all(
+      data.SFTBatches(examples, _dcfg(), dataclasses.replace(base, cp_size=2))
+  )
   order = context_parallel.load_balance_order(16, 2)
   assert not np.array_equal(order, np.arange(16))
   for a, b in zip(plain, cp):
@@ -286,10 +322,17 @@ def test_context_parallel_reordering_permutes_every_field():
 
 
 def test_two_stream_batch_halves():
-  batch = next(iter(data.SFTBatches(
-      _examples([(3, 5)] * 2), _dcfg(),
-      data.DataConfig(seq_len=12, batch_size=2, vocab_size=VOCAB, num_epochs=1),
-  )))
+  batch = next(
+      iter(
+          data.SFTBatches(
+              _examples([(3, 5)] * 2),
+              _dcfg(),
+              data.DataConfig(
+                  seq_len=12, batch_size=2, vocab_size=VOCAB, num_epochs=1
+              ),
+          )
+      )
+  )
   two = data.two_stream_batch(batch)
   for value in two.values():
     assert value.shape == (2, 24)
@@ -297,7 +340,9 @@ def test_two_stream_batch_halves():
   np.testing.assert_array_equal(two["tokens"][:, 12:], batch["inputs"])
   np.testing.assert_array_equal(two["positions"][:, 12:], batch["positions"])
   assert not two["loss_weights"][:, :12].any()
-  np.testing.assert_array_equal(two["loss_weights"][:, 12:], batch["loss_weights"])
+  np.testing.assert_array_equal(
+      two["loss_weights"][:, 12:], batch["loss_weights"]
+  )
   assert two["is_noised"][:, 12:].all() and not two["is_noised"][:, :12].any()
 
 
@@ -310,12 +355,18 @@ def test_eval_batches_cover_every_example_once_with_empty_filler_rows():
   valid = np.concatenate([b["validity"] for b in batches])
   for i, ex in enumerate(examples):
     n = ex.prompt.size + ex.completion.size
-    np.testing.assert_array_equal(rows[i, :n], np.concatenate([ex.prompt, ex.completion]))
+    np.testing.assert_array_equal(
+        rows[i, :n], np.concatenate([ex.prompt, ex.completion])
+    )
   assert not valid[5].any()  # the filler row
   assert not batches[-1]["loss_weights"][1].any()
   again = data.eval_batches(examples, _dcfg(), cfg)
   np.testing.assert_array_equal(again[0]["inputs"], batches[0]["inputs"])
-  assert data.num_target_tokens(batches) == sum(int((b["loss_weights"] > 0).sum()) for b in batches) > 0
+  assert (
+      data.num_target_tokens(batches)
+      == sum(int((b["loss_weights"] > 0).sum()) for b in batches)
+      > 0
+  )
 
 
 def test_left_padded_prompts():
@@ -330,6 +381,8 @@ def test_left_padded_prompts():
 def test_assemble_rows_rejects_overflow_and_multiple_docs_unpacked():
   doc = data.encode_document(_examples([(3, 3)])[0], _dcfg(), seed=0, epoch=0)
   with pytest.raises(ValueError, match="more than seq_len=8"):
-    data.assemble_rows([[doc, doc]], seq_len=8, block_size=4, packing="unaligned")
+    data.assemble_rows(
+        [[doc, doc]], seq_len=8, block_size=4, packing="unaligned"
+    )
   with pytest.raises(ValueError, match="one document per row"):
     data.assemble_rows([[doc, doc]], seq_len=16, block_size=4, packing="none")

@@ -59,19 +59,32 @@ def _to_hf(path: tuple, value: np.ndarray) -> tuple[str, np.ndarray]:
     if name in ("q_norm", "k_norm"):
       return f"{prefix}.self_attn.{name}.weight", value
     if name == "o_proj":  # [H, hd, D] -> [D, H * hd]
-      return f"{prefix}.self_attn.o_proj.weight", value.reshape(-1, value.shape[-1]).T
+      return (
+          f"{prefix}.self_attn.o_proj.weight",
+          value.reshape(-1, value.shape[-1]).T,
+      )
     # q/k/v [D, H, hd] -> [H * hd, D]
-    return f"{prefix}.self_attn.{name}.weight", value.reshape(value.shape[0], -1).T
+    return (
+        f"{prefix}.self_attn.{name}.weight",
+        value.reshape(value.shape[0], -1).T,
+    )
   if rest[0] == "mlp":
     return f"{prefix}.mlp.{rest[1]}.weight", value.T
   return f"{prefix}.{rest[0]}.weight", value
 
 
-def write_tiny_hf_checkpoint(directory: pathlib.Path, *, tied: bool, seed: int = 0):
+def write_tiny_hf_checkpoint(
+    directory: pathlib.Path, *, tied: bool, seed: int = 0
+):
   """Writes a random tiny Qwen3 in HF format; returns the Tunix original."""
   config = tiny_models.qwen3_config(
-      VOCAB, num_layers=LAYERS, embed_dim=EMBED, hidden_dim=HIDDEN,
-      num_heads=HEADS, head_dim=HEAD_DIM, num_kv_heads=KV_HEADS,
+      VOCAB,
+      num_layers=LAYERS,
+      embed_dim=EMBED,
+      hidden_dim=HIDDEN,
+      num_heads=HEADS,
+      head_dim=HEAD_DIM,
+      num_kv_heads=KV_HEADS,
   )
   config.use_tied_embedding = tied
   config.rope_theta = 10000
@@ -94,7 +107,9 @@ def write_tiny_hf_checkpoint(directory: pathlib.Path, *, tied: bool, seed: int =
 
 
 def _logits(model):
-  tokens = jnp.asarray(np.random.default_rng(1).integers(0, VOCAB, (2, 9)), jnp.int32)
+  tokens = jnp.asarray(
+      np.random.default_rng(1).integers(0, VOCAB, (2, 9)), jnp.int32
+  )
   positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
   mask = jnp.tril(jnp.ones((9, 9), bool))[None].repeat(2, 0)
   logits, _ = model(tokens, positions, None, mask)
@@ -107,7 +122,9 @@ def test_load_qwen3_reproduces_the_exported_model(tmp_path, tied):
   loaded = checkpoints.load_qwen3(tmp_path, dtype="float32")
   assert loaded.config.use_tied_embedding == tied
   assert loaded.config.num_kv_heads == KV_HEADS
-  np.testing.assert_allclose(_logits(loaded), _logits(original), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      _logits(loaded), _logits(original), rtol=1e-5, atol=1e-5
+  )
 
 
 def test_config_and_path_errors(tmp_path):
@@ -157,7 +174,9 @@ def test_real_model_recipe_runs_on_a_tiny_checkpoint_with_lora(tmp_path):
   assert cfg.lora.rank > 0
   summary = sft.run(cfg)
   assert summary["train_steps"] == 2
-  assert np.isfinite(summary["final_train_loss"]) and np.isfinite(summary["eval_loss"])
+  assert np.isfinite(summary["final_train_loss"]) and np.isfinite(
+      summary["eval_loss"]
+  )
   assert 0.0 <= summary["eval_exact_match"] <= 1.0
   assert summary["num_lora_params"] > 0
   assert (tmp_path / "run" / "summary.json").is_file()
@@ -176,13 +195,18 @@ def test_merge_lora_computes_what_the_lora_model_computes():
   )
   rng = np.random.default_rng(0)
   # Nonzero B (qwix starts it at 0) so the merge has something to add.
-  nnx.update(lora, jax.tree.map(
-      lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
-      nnx.state(lora, nnx.LoRAParam),
-  ))
+  nnx.update(
+      lora,
+      jax.tree.map(
+          lambda x: jnp.asarray(rng.normal(0, 0.3, x.shape), x.dtype),
+          nnx.state(lora, nnx.LoRAParam),
+      ),
+  )
   before = _logits(base)
   merged = checkpoints.merge_lora(lora, base, rank=2, alpha=4.0)
   assert not nnx.state(merged, nnx.LoRAParam)
-  np.testing.assert_allclose(_logits(merged), _logits(lora), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(
+      _logits(merged), _logits(lora), rtol=1e-5, atol=1e-5
+  )
   assert np.abs(_logits(merged) - before).max() > 1e-2
   np.testing.assert_array_equal(_logits(base), before)  # inputs untouched

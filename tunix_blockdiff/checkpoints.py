@@ -222,7 +222,9 @@ def merge_lora(lora_model, plain_model, *, rank: int, alpha: float):
     b_key = path[:-1] + (f"{path[-1]}_lora_b",)
     if a_key in lora:
       delta = jnp.tensordot(
-          lora[a_key].astype(jnp.float32), lora[b_key].astype(jnp.float32), axes=1
+          lora[a_key].astype(jnp.float32),
+          lora[b_key].astype(jnp.float32),
+          axes=1,
       )
       value = (value.astype(jnp.float32) + delta * (alpha / rank)).astype(
           value.dtype

@@ -126,7 +126,9 @@ class DataConfig:
     _check_int("vocab_size", self.vocab_size, 1)
     _check_int("seed", self.seed, 0)
     if self.packing not in PACKINGS:
-      raise ValueError(f"packing must be one of {PACKINGS}, got {self.packing!r}")
+      raise ValueError(
+          f"packing must be one of {PACKINGS}, got {self.packing!r}"
+      )
     _check_int("cp_size", self.cp_size, 1)
     # Raises a clear error for an odd cp_size or an indivisible seq_len.
     context_parallel.load_balance_order(self.seq_len, self.cp_size)
@@ -343,7 +345,9 @@ def assemble_rows(
   out["positions"][:] = np.arange(seq_len, dtype=np.int32)
   for b, docs in enumerate(rows):
     if packing == "none" and len(docs) > 1:
-      raise ValueError(f"packing='none' allows one document per row, got {len(docs)}")
+      raise ValueError(
+          f"packing='none' allows one document per row, got {len(docs)}"
+      )
     end = 0
     for j, doc in enumerate(docs):
       n = doc["tokens"].size

@@ -28,15 +28,26 @@ TINY = [
 ]
 
 
-def test_cli_sft_end_to_end_writes_summary_figure_and_checkpoints(tmp_path, capsys):
+def test_cli_sft_end_to_end_writes_summary_figure_and_checkpoints(
+    tmp_path, capsys
+):
   out = tmp_path / "sft"
   assert cli.main(["sft", f"output_dir={out}", *TINY]) == 0
   summary = json.loads((out / "summary.json").read_text())
-  for key in ("train_steps", "final_train_loss", "eval_loss", "eval_exact_match",
-              "tokens_per_step", "seconds"):
+  for key in (
+      "train_steps",
+      "final_train_loss",
+      "eval_loss",
+      "eval_exact_match",
+      "tokens_per_step",
+      "seconds",
+  ):
     assert key in summary, key
   assert summary["train_steps"] == 4
-  assert math.isfinite(summary["final_train_loss"]) and summary["final_train_loss"] > 0
+  assert (
+      math.isfinite(summary["final_train_loss"])
+      and summary["final_train_loss"] > 0
+  )
   assert math.isfinite(summary["eval_loss"]) and summary["eval_loss"] > 0
   assert 0.0 <= summary["eval_exact_match"] <= 1.0
   assert summary["tokens_per_step"] > 0
@@ -54,7 +65,9 @@ def test_cli_sft_end_to_end_writes_summary_figure_and_checkpoints(tmp_path, caps
 def test_default_recipe_and_overrides():
   cfg = common.load_recipe([])
   assert cfg.model.kind == "tiny_qwen3" and cfg.task.name == "reverse"
-  cfg = common.load_recipe(["tiny.yaml", "diffusion.stream=single", "eval.thresholds=[0.9]"])
+  cfg = common.load_recipe(
+      ["tiny.yaml", "diffusion.stream=single", "eval.thresholds=[0.9]"]
+  )
   assert cfg.diffusion.stream == "single" and list(cfg.eval.thresholds) == [0.9]
   with pytest.raises(ValueError, match="unknown recipe key"):
     common.load_recipe(["training.max_step=3"])

@@ -53,7 +53,9 @@ def recipe_path(name: str) -> pathlib.Path:
   )
 
 
-def split_argv(argv: Sequence[str], default_recipe: str) -> tuple[str, list[str]]:
+def split_argv(
+    argv: Sequence[str], default_recipe: str
+) -> tuple[str, list[str]]:
   """(recipe, overrides) from `[RECIPE.yaml] [key=value ...]`."""
   argv = list(argv)
   recipe = default_recipe
@@ -121,10 +123,14 @@ def _jsonable(value: Any) -> Any:
   return value
 
 
-def write_summary(out: pathlib.Path, summary: Mapping[str, Any]) -> pathlib.Path:
+def write_summary(
+    out: pathlib.Path, summary: Mapping[str, Any]
+) -> pathlib.Path:
   """Writes `summary.json` (NumPy/JAX scalars become numbers)."""
   path = pathlib.Path(out) / SUMMARY_FILE
-  path.write_text(json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n")
+  path.write_text(
+      json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n"
+  )
   return path
 
 
@@ -182,12 +188,13 @@ def plot_training_figure(
     tps = [row["tokens_per_step"] for row in sweep]
     em = [row["exact_match"] for row in sweep]
     ax_sweep.plot(tps, em, "o-")
-    for row in sweep:
+    for i, row in enumerate(sweep):
+      # Alternate label heights: neighbouring thresholds often overlap.
       ax_sweep.annotate(
           f"{row['threshold']:g}",
           (row["tokens_per_step"], row["exact_match"]),
           textcoords="offset points",
-          xytext=(4, 4),
+          xytext=(3, 6 if i % 2 else -12),
           fontsize=8,
       )
   ax_sweep.set_xlabel("committed tokens per model call")
@@ -217,11 +224,15 @@ def build_tokenizer(tokenizer_cfg, model_cfg=None):
     path = tokenizer_cfg.get("path") or (model_cfg.path if model_cfg else None)
     if not path:
       raise ValueError("tokenizer.kind=hf needs tokenizer.path or model.path")
-    return checkpoints.HFTokenizer(path, eos_token=tokenizer_cfg.get("eos_token"))
+    return checkpoints.HFTokenizer(
+        path, eos_token=tokenizer_cfg.get("eos_token")
+    )
   raise ValueError(f"tokenizer.kind must be 'char' or 'hf', got {kind!r}")
 
 
-def encode_pair(tokenizer, prompt: str, answer: str) -> tuple[list[int], list[int]]:
+def encode_pair(
+    tokenizer, prompt: str, answer: str
+) -> tuple[list[int], list[int]]:
   """(prompt ids, answer ids + EOS); BOS first when the tokenizer has one."""
   bos = tokenizer.bos_id()
   prompt_ids = ([bos] if bos is not None else []) + tokenizer.encode(prompt)
@@ -248,7 +259,9 @@ def build_task_data(
     task_cfg, tokenizer, *, seq_len: int, vocab_size: int, mask_token_id: int
 ) -> TaskData:
   """Train and held-out examples of `task.name` (disjoint seeds and prompts)."""
-  task = tasks_lib.get_task(task_cfg.name, **to_dict(task_cfg.get("kwargs") or {}))
+  task = tasks_lib.get_task(
+      task_cfg.name, **to_dict(task_cfg.get("kwargs") or {})
+  )
   eval_pairs = task.sample(task_cfg.num_eval, seed=task_cfg.seed + 1)
   held_out = {prompt for prompt, _ in eval_pairs}
   # Held-out prompts never appear in training.
@@ -332,7 +345,9 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
         param_dtype=model_cfg.get("param_dtype"),
         mesh=mesh,
     )
-  raise ValueError(f"model.kind must be 'tiny_qwen3' or 'qwen3_hf', got {kind!r}")
+  raise ValueError(
+      f"model.kind must be 'tiny_qwen3' or 'qwen3_hf', got {kind!r}"
+  )
 
 
 def model_vocab_size(model) -> int:
@@ -375,9 +390,7 @@ def make_optimizer(training_cfg) -> optax.GradientTransformation:
   weight_decay = float(training_cfg.weight_decay)
 
   def chain(learning_rate):
-    adamw = optax.adamw(
-        learning_rate, b1=0.9, b2=b2, weight_decay=weight_decay
-    )
+    adamw = optax.adamw(learning_rate, b1=0.9, b2=b2, weight_decay=weight_decay)
     if clip > 0:
       return optax.chain(optax.clip_by_global_norm(clip), adamw)
     return adamw

@@ -30,7 +30,9 @@ from tunix_blockdiff.jobs import common
 FIGURE_FILE = "sft.png"
 
 
-def make_training_config(cfg, out: pathlib.Path | None) -> trainer_lib.TrainingConfig:
+def make_training_config(
+    cfg, out: pathlib.Path | None
+) -> trainer_lib.TrainingConfig:
   """Tunix `TrainingConfig` from the recipe's `training` section."""
   training = cfg.training
   checkpoint_dir = None
@@ -43,7 +45,9 @@ def make_training_config(cfg, out: pathlib.Path | None) -> trainer_lib.TrainingC
         # Every n steps (and on preemption); not Orbax's default extra save
         # of the very first step.
         save_decision_policy=policies.AnySavePolicy([
-            policies.FixedIntervalPolicy(int(training.checkpoint_every_n_steps)),
+            policies.FixedIntervalPolicy(
+                int(training.checkpoint_every_n_steps)
+            ),
             policies.PreemptionCheckpointingPolicy(),
         ]),
         max_to_keep=int(training.max_checkpoints),
@@ -178,6 +182,11 @@ def _run(cfg, mesh) -> dict[str, Any]:
         )
     )
   start_step = trainer.train_steps
+  if start_step:
+    print(
+        f"resuming from the checkpoint of step {start_step} in {out}",
+        file=sys.stderr,
+    )
   trainer.train(train_ds, eval_ds)
   train_seconds = clock()
 
@@ -196,7 +205,9 @@ def _run(cfg, mesh) -> dict[str, Any]:
   sweep = []
   main_eval = None
   main_threshold = float(cfg.eval.threshold)
-  thresholds = sorted({float(t) for t in cfg.eval.thresholds} | {main_threshold})
+  thresholds = sorted(
+      {float(t) for t in cfg.eval.thresholds} | {main_threshold}
+  )
   for threshold in thresholds:
     result = common.evaluate_generation(
         eval_model,
