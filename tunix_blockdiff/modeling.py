@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 
@@ -21,6 +22,18 @@ from tunix_blockdiff.attention import masks
 from tunix_blockdiff.objective import alignment as alignment_lib
 
 LogitsFn = Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def fresh_view(model):
+  """The same model (same arrays) as a module owned by the current trace.
+
+  Inside `lax.while_loop`/`scan` bodies a module built outside the loop
+  belongs to an outer trace level, and modules that mutate themselves when
+  called (qwix LoRA records attributes on its modules) raise
+  `TraceContextError`. Re-merging its split state builds an equivalent module
+  at the current level; gradients flow through the shared arrays as before.
+  """
+  return nnx.merge(*nnx.split(model))
 
 
 def call_model(model, tokens, positions, attention_mask, segment_ids=None):
@@ -172,13 +185,14 @@ def make_logits_fn(
   """A `logits_fn(tokens [B, L], positions [B, L]) -> [B, L, V]` for `denoise`.
 
   The model is closed over (never a static argument: its GraphDef is not
-  hashable), so the returned function can be traced inside `jax.jit`.
+  hashable), so the returned function can be traced inside `jax.jit` and
+  inside the denoising loop (see `fresh_view`).
   """
   masks.check_block_size(block_size)
 
   def logits_fn(tokens, positions):
     return block_diffusion_logits(
-        model,
+        fresh_view(model),
         tokens,
         positions,
         block_size=block_size,

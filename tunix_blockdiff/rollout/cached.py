@@ -143,6 +143,21 @@ def sequence_layout(prompt_tokens, prompt_lengths, completion_tokens):
 # ----------------------------------------------------------------------------
 
 
+def model_vocab_size(model) -> int | None:
+  """The logits width from a Tunix model's config, or None if it has none.
+
+  Read from the config rather than traced with `jax.eval_shape`: a nested
+  trace inside the jitted program breaks models that mutate themselves when
+  called (qwix LoRA records state on its modules).
+  """
+  config = getattr(model, "config", None)
+  for name in ("vocab_size", "num_embed"):
+    value = getattr(config, name, None)
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+      return int(value)
+  return None
+
+
 def _activation_dtype(model):
   dtype = getattr(getattr(model, "config", None), "dtype", None)
   if dtype is not None:
@@ -259,17 +274,21 @@ def _cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   kv_slot = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
 
   def call(tokens, call_positions, cache, mask):
-    logits, new_cache = model(tokens, call_positions, cache, mask)
+    logits, new_cache = modeling.fresh_view(model)(
+        tokens, call_positions, cache, mask
+    )
     return logits.astype(jnp.float32), new_cache
 
-  vocab = jax.eval_shape(
-      lambda: call(
-          tokens0[:, :1],
-          positions[:, :1],
-          None,
-          jnp.ones((batch, 1, 1), jnp.bool_),
-      )[0]
-  ).shape[-1]
+  vocab = model_vocab_size(model)
+  if vocab is None:
+    vocab = jax.eval_shape(
+        lambda: call(
+            tokens0[:, :1],
+            positions[:, :1],
+            None,
+            jnp.ones((batch, 1, 1), jnp.bool_),
+        )[0]
+    ).shape[-1]
   denoise_lib.check_vocab(vocab, config)
 
   # Prefill the complete prompt blocks: slots [0, floor(len / W) * W).
