@@ -17,7 +17,6 @@ listed in `BATCH_FIELDS`; `BlockDiffusionTrainer` consumes them directly.
 from __future__ import annotations
 
 import dataclasses
-import math
 import numbers
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple, Sequence
 

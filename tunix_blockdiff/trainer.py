@@ -233,108 +233,16 @@ def _grad_norm_of_update(values) -> float:
   return float(np.max(np.asarray(values)))
 
 
-class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
-  """A Tunix `PeftTrainer` that trains the block-diffusion objective.
+class ExactAccumulation:
+  """Exact, denominator-aware train and eval steps for a `PeftTrainer`.
 
-  Feed it batches from `tunix_blockdiff.data` (`SFTBatches`,
-  `eval_batches`). With a qwix-LoRA model only the LoRA parameters are
-  trained, as in `PeftTrainer`. Checkpoints hold the model (or LoRA)
-  parameters and the optimizer state; a restarted trainer resumes from the
-  latest one and skips the batches already consumed, and because the data
-  pipeline is a pure function of its seed (order and corruption), the resumed
-  run reproduces the uninterrupted one.
-
-  Attributes:
-    diffusion_config: The objective.
-    grad_sums: The exact accumulator (None on Tunix main, which has its own,
-      or when there is no accumulation).
+  Mixed in before a `PeftTrainer` (SFT) or Tunix's RL actor `Trainer`. The
+  host class sets `_tunix_accumulates` (Tunix main handles `LossOutput`
+  itself), `_accumulation` (micro-steps per optimizer step) and `grad_sums`
+  (a `GradientSums`, or None without accumulation). Each micro-step adds the
+  gradient of the summed loss and its denominator; the optimizer step applies
+  sum of gradients / sum of denominators, skipping steps with no target.
   """
-
-  def __init__(
-      self,
-      model: nnx.Module,
-      optimizer: optax.GradientTransformation,
-      training_config: TrainingConfig,
-      diffusion_config: config_lib.BlockDiffusionConfig,
-      metrics_logger: peft_trainer.MetricsLogger | None = None,
-      **kwargs,
-  ):
-    """Builds the trainer and restores the latest checkpoint, if any.
-
-    Args:
-      model: A Tunix causal LM (`model(tokens, positions, cache, mask)`),
-        optionally with qwix LoRA applied.
-      optimizer: An optax transformation (not `MultiSteps`: accumulation is
-        configured by `training_config.gradient_accumulation_steps`).
-      training_config: Tunix's `TrainingConfig`.
-      diffusion_config: The objective's `BlockDiffusionConfig`.
-      metrics_logger: Optional Tunix `MetricsLogger`.
-      **kwargs: Passed to `PeftTrainer` (e.g. perf tracers).
-    """
-    if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
-      raise TypeError(
-          "diffusion_config must be a BlockDiffusionConfig, got"
-          f" {type(diffusion_config).__name__}"
-      )
-    if not isinstance(training_config, TrainingConfig):
-      raise TypeError(
-          "training_config must be a tunix TrainingConfig, got"
-          f" {type(training_config).__name__}"
-      )
-    accumulation = training_config.get_with_default(
-        "gradient_accumulation_steps", 1
-    )
-    if accumulation < 1:
-      raise ValueError(
-          f"gradient_accumulation_steps must be >= 1, got {accumulation}"
-      )
-    self._tunix_accumulates = compat.TUNIX_HAS_LOSS_OUTPUT
-    base_config = training_config
-    if not self._tunix_accumulates:
-      # PeftTrainer 0.1.7 would wrap the optimizer in optax.MultiSteps (a
-      # mean of micro-batch means); it gets no accumulation and we do it.
-      base_config = dataclasses.replace(
-          training_config, gradient_accumulation_steps=None
-      )
-    super().__init__(
-        model, optimizer, base_config, metrics_logger=metrics_logger, **kwargs
-    )
-    self.config = training_config
-    self._accumulation = accumulation
-    # The parent counted restored micro-steps without accumulation.
-    self._iter_steps = self._train_steps * accumulation
-    self.diffusion_config = diffusion_config
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
-    self.eval_loss_fn = self.loss_fn
-    self.gen_model_input_fn = diffusion_model_inputs
-    self.grad_sums = None
-    if not self._tunix_accumulates and accumulation > 1:
-      wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
-      self.grad_sums = GradientSums(self.model, wrt)
-
-  # Setters, in the style of PeftTrainer's `with_loss_fn`.
-
-  def with_diffusion_config(
-      self, diffusion_config: config_lib.BlockDiffusionConfig
-  ) -> "BlockDiffusionTrainer":
-    """Trains a different objective (stream, alignment, weighting...)."""
-    self.clear_jit_cache()
-    self.diffusion_config = diffusion_config
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
-    self.eval_loss_fn = self.loss_fn
-    self._has_aux = False
-    return self
-
-  def with_eval_loss_fn(self, eval_loss_fn: Callable[..., Any]):
-    """Evaluates with a different loss (same inputs as the train loss)."""
-    self.clear_jit_cache()
-    self.eval_loss_fn = eval_loss_fn
-    return self
-
-  def custom_checkpoint_metadata(self) -> dict[str, Any]:
-    return {"diffusion_config": dataclasses.asdict(self.diffusion_config)}
-
-  # The exact-accumulation train step (google-tunix <= 0.1.7).
 
   def _objective(self, loss_fn, model, inputs):
     out = loss_fn(model, **inputs)
@@ -449,6 +357,110 @@ class BlockDiffusionTrainer(peft_trainer.PeftTrainer):
     return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
   # Token-weighted metrics (google-tunix <= 0.1.7).
+
+
+class BlockDiffusionTrainer(ExactAccumulation, peft_trainer.PeftTrainer):
+  """A Tunix `PeftTrainer` that trains the block-diffusion objective.
+
+  Feed it batches from `tunix_blockdiff.data` (`SFTBatches`,
+  `eval_batches`). With a qwix-LoRA model only the LoRA parameters are
+  trained, as in `PeftTrainer`. Checkpoints hold the model (or LoRA)
+  parameters and the optimizer state; a restarted trainer resumes from the
+  latest one and skips the batches already consumed, and because the data
+  pipeline is a pure function of its seed (order and corruption), the resumed
+  run reproduces the uninterrupted one.
+
+  Attributes:
+    diffusion_config: The objective.
+    grad_sums: The exact accumulator (None on Tunix main, which has its own,
+      or when there is no accumulation).
+  """
+
+  def __init__(
+      self,
+      model: nnx.Module,
+      optimizer: optax.GradientTransformation,
+      training_config: TrainingConfig,
+      diffusion_config: config_lib.BlockDiffusionConfig,
+      metrics_logger: peft_trainer.MetricsLogger | None = None,
+      **kwargs,
+  ):
+    """Builds the trainer and restores the latest checkpoint, if any.
+
+    Args:
+      model: A Tunix causal LM (`model(tokens, positions, cache, mask)`),
+        optionally with qwix LoRA applied.
+      optimizer: An optax transformation (not `MultiSteps`: accumulation is
+        configured by `training_config.gradient_accumulation_steps`).
+      training_config: Tunix's `TrainingConfig`.
+      diffusion_config: The objective's `BlockDiffusionConfig`.
+      metrics_logger: Optional Tunix `MetricsLogger`.
+      **kwargs: Passed to `PeftTrainer` (e.g. perf tracers).
+    """
+    if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
+      raise TypeError(
+          "diffusion_config must be a BlockDiffusionConfig, got"
+          f" {type(diffusion_config).__name__}"
+      )
+    if not isinstance(training_config, TrainingConfig):
+      raise TypeError(
+          "training_config must be a tunix TrainingConfig, got"
+          f" {type(training_config).__name__}"
+      )
+    accumulation = training_config.get_with_default(
+        "gradient_accumulation_steps", 1
+    )
+    if accumulation < 1:
+      raise ValueError(
+          f"gradient_accumulation_steps must be >= 1, got {accumulation}"
+      )
+    self._tunix_accumulates = compat.TUNIX_HAS_LOSS_OUTPUT
+    base_config = training_config
+    if not self._tunix_accumulates:
+      # PeftTrainer 0.1.7 would wrap the optimizer in optax.MultiSteps (a
+      # mean of micro-batch means); it gets no accumulation and we do it.
+      base_config = dataclasses.replace(
+          training_config, gradient_accumulation_steps=None
+      )
+    super().__init__(
+        model, optimizer, base_config, metrics_logger=metrics_logger, **kwargs
+    )
+    self.config = training_config
+    self._accumulation = accumulation
+    # The parent counted restored micro-steps without accumulation.
+    self._iter_steps = self._train_steps * accumulation
+    self.diffusion_config = diffusion_config
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
+    self.eval_loss_fn = self.loss_fn
+    self.gen_model_input_fn = diffusion_model_inputs
+    self.grad_sums = None
+    if not self._tunix_accumulates and accumulation > 1:
+      wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
+      self.grad_sums = GradientSums(self.model, wrt)
+
+  # Setters, in the style of PeftTrainer's `with_loss_fn`.
+
+  def with_diffusion_config(
+      self, diffusion_config: config_lib.BlockDiffusionConfig
+  ) -> "BlockDiffusionTrainer":
+    """Trains a different objective (stream, alignment, weighting...)."""
+    self.clear_jit_cache()
+    self.diffusion_config = diffusion_config
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
+    self.eval_loss_fn = self.loss_fn
+    self._has_aux = False
+    return self
+
+  def with_eval_loss_fn(self, eval_loss_fn: Callable[..., Any]):
+    """Evaluates with a different loss (same inputs as the train loss)."""
+    self.clear_jit_cache()
+    self.eval_loss_fn = eval_loss_fn
+    return self
+
+  def custom_checkpoint_metadata(self) -> dict[str, Any]:
+    return {"diffusion_config": dataclasses.asdict(self.diffusion_config)}
+
+  # The exact-accumulation train step (google-tunix <= 0.1.7).
 
   def _buffer_metrics(
       self, metrics_buffer, loss, step, additional_metrics=None

@@ -23,8 +23,6 @@ import pathlib
 import sys
 from typing import Any, Sequence
 
-from flax import nnx
-import jax
 import numpy as np
 import optax
 from tunix.generate import sampler as sampler_lib

@@ -15,13 +15,9 @@ RL metrics (`kl`, `pg_clipfrac`, ...) are read from `LossOutput.aux_metrics`.
 from __future__ import annotations
 
 import copy
-import functools
 from typing import Any
 
 from flax import nnx
-import jax
-from jax.interpreters import pxla
-import jax.numpy as jnp
 import numpy as np
 import optax
 from tunix.rl import trainer as rl_trainer
@@ -36,12 +32,7 @@ def _metric_value(value) -> Any:
   return value
 
 
-def _inverse(denominator: jax.Array) -> jax.Array:
-  safe = jnp.where(denominator > 0, denominator, 1.0)
-  return jnp.where(denominator > 0, 1.0 / safe, 0.0)
-
-
-class BlockDiffusionRLTrainer(rl_trainer.Trainer):
+class BlockDiffusionRLTrainer(sft_trainer.ExactAccumulation, rl_trainer.Trainer):
   """`tunix.rl.trainer.Trainer` with exact gradient accumulation.
 
   Drop-in for the actor trainer `RLCluster` builds (same constructor); with
@@ -85,119 +76,6 @@ class BlockDiffusionRLTrainer(rl_trainer.Trainer):
     if not self._tunix_accumulates and accumulation > 1:
       wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
       self.grad_sums = sft_trainer.GradientSums(self.model, wrt)
-
-  def _objective(self, model, inputs):
-    out = self.loss_fn(model, **inputs)
-    if isinstance(out, compat.LossOutput):
-      return out.primary_loss.unreduced_sum, out
-    if self._has_aux:
-      return out[0], out[1]
-    return out, None
-
-  def _exact_train_step(self, model, optimizer, grad_sums, inputs):
-    """One micro-step: add the summed-loss gradient; update on the last.
-
-    Returns:
-      (micro-batch mean loss, aux or LossOutput, float32 norm of the applied
-      gradient, 0 on micro-steps that only accumulate).
-    """
-    inputs = self.gen_model_input_fn(inputs)
-    grad_fn = nnx.value_and_grad(
-        self._objective,
-        argnums=nnx.DiffState(0, nnx.LoRAParam) if self._lora_enabled else 0,
-        has_aux=True,
-    )
-    (value, aux), grads = grad_fn(model, inputs)
-    if isinstance(aux, compat.LossOutput):
-      denominator = jnp.asarray(aux.primary_loss.denominator, jnp.float32)
-      loss = aux.primary_loss.compute()
-    else:
-      denominator = jnp.ones((), jnp.float32)
-      loss = value
-
-    if grad_sums is None:
-      scale = _inverse(denominator)
-      grads_to_apply = jax.tree.map(
-          lambda g: (g * scale).astype(g.dtype), grads
-      )
-      total = denominator
-      is_update = jnp.ones((), jnp.bool_)
-    else:
-      grad_sums.add(grads, denominator)
-      grads_to_apply = grad_sums.mean()
-      total = grad_sums.denominator.value
-      is_update = grad_sums.micro_steps.value >= self._accumulation
-
-    def apply(model, optimizer, grads):
-      optimizer.update(model, grads)
-      return optax.global_norm(
-          jax.tree.map(lambda g: g.astype(jnp.float32), grads)
-      )
-
-    def skip(model, optimizer, grads):
-      del model, optimizer, grads
-      return jnp.zeros((), jnp.float32)
-
-    # An optimizer step whose micro-batches hold nothing to learn from leaves
-    # parameters and optimizer state untouched.
-    grad_norm = nnx.cond(
-        is_update & (total > 0), apply, skip, model, optimizer, grads_to_apply
-    )
-    if grad_sums is not None:
-      grad_sums.reset_where(is_update)
-    return loss, aux, grad_norm
-
-  def _exact_eval_step(self, model, inputs):
-    inputs = self.gen_model_input_fn(inputs)
-    out = self.eval_loss_fn(model, **inputs)
-    if isinstance(out, compat.LossOutput):
-      return out.primary_loss.compute(), out
-    if self._has_aux:
-      return out[0], out[1]
-    return out, None
-
-  def create_train_step_fn(self):
-    if self._tunix_accumulates:
-      return super().create_train_step_fn()
-    return self._exact_train_step
-
-  def create_eval_step_fn(self):
-    if self._tunix_accumulates:
-      return super().create_eval_step_fn()
-    return self._exact_eval_step
-
-  def jit_train_and_eval_step(
-      self, skip_jit: bool = False, cache_nnx_graph: bool = False
-  ):
-    """Jitted (train_step(batch), eval_step(batch)), built once and cached."""
-    if self._tunix_accumulates:
-      return super().jit_train_and_eval_step(skip_jit, cache_nnx_graph)
-    train_step = self.create_train_step_fn()
-    eval_step = self.create_eval_step_fn()
-    if skip_jit:
-      return (
-          functools.partial(
-              train_step, self.model, self.optimizer, self.grad_sums
-          ),
-          functools.partial(eval_step, self.model),
-      )
-    if self._jitted_train_step_fn is None:
-      self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
-      jitted_train = nnx.jit(
-          train_step, donate_argnames=("optimizer", "grad_sums")
-      )
-      jitted_eval = nnx.jit(eval_step)
-
-      def bind(f, *args):
-        if cache_nnx_graph:
-          return functools.partial(nnx.cached_partial(f, *args))
-        return functools.partial(f, *args)
-
-      self._jitted_train_step_fn = bind(
-          jitted_train, self.model, self.optimizer, self.grad_sums
-      )
-      self._jitted_eval_step_fn = bind(jitted_eval, self.model)
-    return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
   def _buffer_metrics(
       self, metrics_buffer, loss, step, additional_metrics=None
