@@ -2,10 +2,7 @@
 
 import json
 
-from flax import nnx
-import jax
 import numpy as np
-import omegaconf
 import pytest
 from tunix.sft import checkpoint_manager as checkpoint_lib
 

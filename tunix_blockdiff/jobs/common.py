@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import sys
 import time
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -514,3 +515,34 @@ __all__ = [
     "to_dict",
     "write_summary",
 ]
+
+
+def job_main(
+    argv: Sequence[str] | None,
+    *,
+    command: str,
+    doc: str | None,
+    default_recipe: str,
+    run,
+    keys: Sequence[str],
+) -> int:
+  """The `main` of a recipe job: help, recipe + overrides, run, report.
+
+  Args:
+    argv: `[RECIPE.yaml] [key=value ...]` (default: `sys.argv[1:]`).
+    command: The subcommand name, for the usage line.
+    doc: The job module's docstring, printed by `--help`.
+    default_recipe: Bundled recipe used when argv names none.
+    run: `run(cfg) -> summary dict`.
+    keys: Summary keys printed at the end.
+  """
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv and argv[0] in ("-h", "--help"):
+    print(doc)
+    print(f"usage: tunix-blockdiff {command} [RECIPE.yaml] [key=value ...]")
+    return 0
+  cfg = load_recipe(argv, default_recipe=default_recipe)
+  summary = run(cfg)
+  print("\n".join(f"{k}: {summary[k]}" for k in keys))
+  print(f"wrote {pathlib.Path(cfg.output_dir) / SUMMARY_FILE}")
+  return 0

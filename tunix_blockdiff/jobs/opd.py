@@ -405,24 +405,21 @@ def run(cfg) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if argv and argv[0] in ("-h", "--help"):
-    print(__doc__)
-    print("usage: tunix-blockdiff opd [RECIPE.yaml] [key=value ...]")
-    return 0
-  cfg = common.load_recipe(argv, default_recipe="opd_tiny.yaml")
-  summary = run(cfg)
-  keys = (
-      "student_exact_match_start",
-      "student_exact_match_end",
-      "divergence_start",
-      "divergence_end",
-      "teacher_exact_match",
-      "seconds",
+  return common.job_main(
+      argv,
+      command="opd",
+      doc=__doc__,
+      default_recipe="opd_tiny.yaml",
+      run=run,
+      keys=(
+          "student_exact_match_start",
+          "student_exact_match_end",
+          "divergence_start",
+          "divergence_end",
+          "teacher_exact_match",
+          "seconds",
+      ),
   )
-  print("\n".join(f"{k}: {summary[k]}" for k in keys))
-  print(f"wrote {pathlib.Path(cfg.output_dir) / common.SUMMARY_FILE}")
-  return 0
 
 
 if __name__ == "__main__":

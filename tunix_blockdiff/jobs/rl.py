@@ -406,24 +406,21 @@ def make_rl_optimizer(grpo_cfg) -> optax.GradientTransformation:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if argv and argv[0] in ("-h", "--help"):
-    print(__doc__)
-    print("usage: tunix-blockdiff rl [RECIPE.yaml] [key=value ...]")
-    return 0
-  cfg = common.load_recipe(argv, default_recipe="rl_tiny.yaml")
-  summary = run(cfg)
-  keys = (
-      "reward_start",
-      "reward_end",
-      "greedy_exact_match_start",
-      "greedy_exact_match_end",
-      "steps",
-      "seconds",
+  return common.job_main(
+      argv,
+      command="rl",
+      doc=__doc__,
+      default_recipe="rl_tiny.yaml",
+      run=run,
+      keys=(
+          "reward_start",
+          "reward_end",
+          "greedy_exact_match_start",
+          "greedy_exact_match_end",
+          "steps",
+          "seconds",
+      ),
   )
-  print("\n".join(f"{k}: {summary[k]}" for k in keys))
-  print(f"wrote {pathlib.Path(cfg.output_dir) / common.SUMMARY_FILE}")
-  return 0
 
 
 if __name__ == "__main__":

@@ -275,24 +275,21 @@ def _run(cfg, mesh) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  argv = list(sys.argv[1:] if argv is None else argv)
-  if argv and argv[0] in ("-h", "--help"):
-    print(__doc__)
-    print("usage: tunix-blockdiff sft [RECIPE.yaml] [key=value ...]")
-    return 0
-  cfg = common.load_recipe(argv, default_recipe="tiny.yaml")
-  summary = run(cfg)
-  keys = (
-      "train_steps",
-      "final_train_loss",
-      "eval_loss",
-      "eval_exact_match",
-      "tokens_per_step",
-      "seconds",
+  return common.job_main(
+      argv,
+      command="sft",
+      doc=__doc__,
+      default_recipe="tiny.yaml",
+      run=run,
+      keys=(
+          "train_steps",
+          "final_train_loss",
+          "eval_loss",
+          "eval_exact_match",
+          "tokens_per_step",
+          "seconds",
+      ),
   )
-  print("\n".join(f"{k}: {summary[k]}" for k in keys))
-  print(f"wrote {pathlib.Path(cfg.output_dir) / common.SUMMARY_FILE}")
-  return 0
 
 
 if __name__ == "__main__":
