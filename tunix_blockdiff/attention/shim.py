@@ -494,24 +494,12 @@ def block_diffusion_logits(
         validity=validity,
         cp_size=cp_size,
     )
-    # Inside jit even constant inputs give a traced answer; decide on it.
-    traced = isinstance(matches, jax.core.Tracer)
-    if mask_mode == "static":
-      if not traced and not bool(matches):
-        raise ValueError(
-            "mask_mode='static' needs documents that start at block multiples"
-            " of the physical grid (splash.static_mask_matches is False); use"
-            " mask_mode='auto' or 'dynamic'"
-        )
-      logits = forward("static")
-      if traced:
-        logits = jnp.where(matches, logits, jnp.nan)
-    elif not traced:
-      logits = forward("static" if bool(matches) else "dynamic")
-    else:
-      logits = jax.lax.cond(
-          matches, lambda: forward("static"), lambda: forward("dynamic")
-      )
+    logits = splash.static_or_dynamic(
+        mask_mode,
+        matches,
+        lambda: forward("static"),
+        lambda: forward("dynamic"),
+    )
   return alignment_lib.align_logits(
       logits, alignment, positions, validity, segment_ids=segment_ids
   )
@@ -536,7 +524,7 @@ def make_logits_fn(
 
   def logits_fn(tokens, positions):
     return block_diffusion_logits(
-        model,
+        modeling.fresh_view(model),  # callable inside loop bodies (qwix)
         tokens,
         positions,
         block_size=block_size,

@@ -474,6 +474,35 @@ def combined_segment_ids(segment_ids, validity, shape) -> jax.Array | None:
   return jnp.where(validity, segment_ids, padding_id)
 
 
+def static_or_dynamic(mask_mode: str, matches, static_fn, dynamic_fn):
+  """Runs the static-mask kernel where it is right, else the dynamic one.
+
+  Args:
+    mask_mode: `static` or `auto` (`dynamic` callers skip this).
+    matches: bool scalar from `static_mask_matches`, concrete or traced
+      (inside jit even constant inputs give a traced answer).
+    static_fn: `() -> out` with the static mask.
+    dynamic_fn: `() -> out` with the per-example mask.
+
+  Returns:
+    `out`. Under `static` a mismatch raises when `matches` is concrete and
+    gives NaN when it is traced: never silently wrong numbers.
+  """
+  traced = isinstance(matches, jax.core.Tracer)
+  if mask_mode == "static":
+    if not traced and not bool(matches):
+      raise ValueError(
+          "mask_mode='static' needs documents that start at block multiples of"
+          " the physical grid (static_mask_matches is False); use"
+          " mask_mode='auto' or 'dynamic'"
+      )
+    out = static_fn()
+    return jnp.where(matches, out, jnp.nan) if traced else out
+  if not traced:
+    return static_fn() if bool(matches) else dynamic_fn()
+  return jax.lax.cond(matches, static_fn, dynamic_fn)
+
+
 def static_mask_matches(
     positions,
     block_size: int,
@@ -721,27 +750,10 @@ def splash_attention(
       validity=validity,
       cp_size=cp_size,
   )
-  # Inside jit even constant inputs give a traced answer; decide on it.
-  traced = isinstance(matches, jax.core.Tracer)
-  if mask_mode == "static":
-    if not traced and not bool(matches):
-      raise ValueError(
-          "mask_mode='static' needs documents that start at block multiples of"
-          " the physical grid (static_mask_matches is False); use"
-          " mask_mode='auto' or 'dynamic'"
-      )
-    out = static_path(q, k, v, segments)
-    out = jnp.where(matches, out, jnp.nan) if traced else out
-  elif not traced:
-    out = (
-        static_path(q, k, v, segments)
-        if bool(matches)
-        else dynamic_path(q, k, v, positions)
-    )
-  else:
-    out = jax.lax.cond(
-        matches,
-        lambda: static_path(q, k, v, segments),
-        lambda: dynamic_path(q, k, v, positions),
-    )
+  out = static_or_dynamic(
+      mask_mode,
+      matches,
+      lambda: static_path(q, k, v, segments),
+      lambda: dynamic_path(q, k, v, positions),
+  )
   return jnp.swapaxes(out, 1, 2)
