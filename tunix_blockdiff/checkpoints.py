@@ -161,12 +161,33 @@ class HFTokenizer:
   def eos_id(self) -> int:
     return int(self._eos)
 
+  def unk_id(self) -> int | None:
+    """The unknown-token id (text the vocabulary cannot spell), if any."""
+    return self._tokenizer.unk_token_id
+
   def pad_id(self) -> int:
     pad = self._tokenizer.pad_token_id
     return int(self._eos if pad is None else pad)
 
   def encode(self, text: str, **unused_kwargs) -> list[int]:
     return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+  def apply_chat_template(
+      self, messages, *, add_generation_prompt: bool = True
+  ) -> str:
+    """`messages` rendered as text with the tokenizer's own chat template."""
+    if not self._tokenizer.chat_template:
+      from tunix_blockdiff import errors  # pylint: disable=g-import-not-at-top
+
+      raise errors.UsageError(
+          "rows in the {'messages'} form need a chat template; the tokenizer"
+          f" at {self._tokenizer.name_or_path!r} has none"
+      )
+    return self._tokenizer.apply_chat_template(
+        list(messages),
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+    )
 
   def decode(self, ids, **unused_kwargs) -> str:
     ids = [int(i) for i in ids]

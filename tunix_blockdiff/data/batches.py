@@ -37,7 +37,11 @@ def document_dataset(
     raise ValueError("examples must not be empty")
   num = len(examples)
   seed = data_config.seed
-  ds = grain.MapDataset.source(list(examples))
+  # A random-access sequence (a list, or `rows.FileExamples`, which reads
+  # rows from files on access) is used as is, never copied into memory.
+  ds = grain.MapDataset.source(
+      examples if hasattr(examples, "__getitem__") else list(examples)
+  )
   if data_config.shuffle:
     ds = ds.shuffle(seed=seed)
   ds = ds.repeat(data_config.num_epochs)
@@ -123,7 +127,8 @@ class SFTBatches:
           (
               r
               for r in range(cfg.batch_size)
-              if document_start(ends[r], block_size, cfg.packing) + n <= cfg.seq_len
+              if document_start(ends[r], block_size, cfg.packing) + n
+              <= cfg.seq_len
           ),
           None,
       )

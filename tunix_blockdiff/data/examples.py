@@ -105,21 +105,81 @@ class Example(NamedTuple):
   example_id: int
 
 
-def _ids(name: str, value, index: int) -> np.ndarray:
+def _ids(name: str, value, where: str) -> np.ndarray:
   array = np.asarray(value)
   if array.size == 0:
     return np.zeros((0,), np.int32)
   if array.ndim != 1:
     raise ValueError(
-        f"example {index}: {name} must be a 1-D sequence of token ids, got"
+        f"{where}: {name} must be a 1-D sequence of token ids, got"
         f" shape {array.shape}"
     )
   if not np.issubdtype(array.dtype, np.integer):
     raise TypeError(
-        f"example {index}: {name} must hold integer token ids, got dtype"
-        f" {array.dtype}"
+        f"{where}: {name} must hold integer token ids, got dtype {array.dtype}"
     )
   return array.astype(np.int64)
+
+
+def validate_example(
+    prompt: Any,
+    completion: Any,
+    *,
+    example_id: int,
+    seq_len: int,
+    vocab_size: int,
+    mask_token_id: int | None = None,
+    where: str | None = None,
+) -> Example:
+  """One prompt/completion pair of token ids, checked, as an `Example`.
+
+  Args:
+    prompt: int [P] prompt ids (may be empty).
+    completion: int [C] completion ids (C >= 1).
+    example_id: The example's stable id.
+    seq_len: Row length; P + C must fit.
+    vocab_size: Ids must lie in [0, vocab_size).
+    mask_token_id: If given, the mask token may not appear in the data.
+    where: Names the example in error messages (default `example <id>`;
+      file sources pass `file:line`).
+
+  Returns:
+    The `Example` (int32 arrays).
+
+  Raises:
+    ValueError: Empty completion, longer than `seq_len`, an id outside the
+      vocabulary, or the mask token.
+    TypeError: Ids that are not integers.
+  """
+  where = f"example {example_id}" if where is None else where
+  prompt = _ids("prompt", prompt, where)
+  completion = _ids("completion", completion, where)
+  if completion.size == 0:
+    raise ValueError(
+        f"{where}: completion is empty; every example needs at"
+        " least one completion token to train on"
+    )
+  length = prompt.size + completion.size
+  if length > seq_len:
+    raise ValueError(
+        f"{where} has {length} tokens (prompt {prompt.size} +"
+        f" completion {completion.size}), longer than seq_len={seq_len}"
+    )
+  for name, ids in (("prompt", prompt), ("completion", completion)):
+    bad = ids[(ids < 0) | (ids >= vocab_size)]
+    if bad.size:
+      raise ValueError(
+          f"{where}: {name} token id {int(bad[0])} is outside the"
+          f" vocabulary [0, {vocab_size})"
+      )
+    if mask_token_id is not None and np.any(ids == mask_token_id):
+      raise ValueError(
+          f"{where}: {name} contains the mask token id"
+          f" {mask_token_id}, which clean data must not use"
+      )
+  return Example(
+      prompt.astype(np.int32), completion.astype(np.int32), example_id
+  )
 
 
 def as_examples(
@@ -162,33 +222,14 @@ def as_examples(
             f"example {index}: expected (prompt_ids, completion_ids), got"
             f" {type(item).__name__}"
         ) from None
-    prompt = _ids("prompt", prompt, index)
-    completion = _ids("completion", completion, index)
-    if completion.size == 0:
-      raise ValueError(
-          f"example {index}: completion is empty; every example needs at"
-          " least one completion token to train on"
-      )
-    length = prompt.size + completion.size
-    if length > seq_len:
-      raise ValueError(
-          f"example {index} has {length} tokens (prompt {prompt.size} +"
-          f" completion {completion.size}), longer than seq_len={seq_len}"
-      )
-    for name, ids in (("prompt", prompt), ("completion", completion)):
-      bad = ids[(ids < 0) | (ids >= vocab_size)]
-      if bad.size:
-        raise ValueError(
-            f"example {index}: {name} token id {int(bad[0])} is outside the"
-            f" vocabulary [0, {vocab_size})"
-        )
-      if mask_token_id is not None and np.any(ids == mask_token_id):
-        raise ValueError(
-            f"example {index}: {name} contains the mask token id"
-            f" {mask_token_id}, which clean data must not use"
-        )
     examples.append(
-        Example(prompt.astype(np.int32), completion.astype(np.int32), index)
+        validate_example(
+            prompt,
+            completion,
+            example_id=index,
+            seq_len=seq_len,
+            vocab_size=vocab_size,
+            mask_token_id=mask_token_id,
+        )
     )
   return examples
-

@@ -63,7 +63,6 @@ _DTYPES = {
 }
 
 
-
 def encode_document(
     example: Example,
     diffusion_config: config_lib.BlockDiffusionConfig,

@@ -235,9 +235,7 @@ def encode_pair(
     tokenizer, prompt: str, answer: str
 ) -> tuple[list[int], list[int]]:
   """(prompt ids, answer ids + EOS); BOS first when the tokenizer has one."""
-  bos = tokenizer.bos_id()
-  prompt_ids = ([bos] if bos is not None else []) + tokenizer.encode(prompt)
-  return prompt_ids, tokenizer.encode(answer) + [tokenizer.eos_id()]
+  return data_lib.rows.encode_pair(tokenizer, prompt, answer)
 
 
 class TaskData(NamedTuple):

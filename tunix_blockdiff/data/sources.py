@@ -1,0 +1,258 @@
+"""Rows from files, by random access, without loading a corpus into memory.
+
+Three formats, chosen by extension under `format="auto"`:
+
+  jsonl    one JSON object per line (`.jsonl`, `.json`); the byte offset of
+           every non-blank line is indexed once into an int64 NumPy array,
+           and a row is read by seeking to it.
+  parquet  `.parquet`; rows are read one row group at a time with pyarrow
+           (the last group read is kept).
+  hf_disk  a directory written by Hugging Face `datasets`' `save_to_disk`
+           (memory-mapped Arrow files).
+
+Every source is a grain `RandomAccessDataSource` (`__len__`, `__getitem__`)
+whose item i is `(location, row)`: `location` is `"file:line"` (jsonl: the
+1-based line number; parquet and hf_disk: the 1-based row number), `row` a
+dict. `open_source` concatenates the files of a path list or glob.
+"""
+
+from __future__ import annotations
+
+import bisect
+import glob
+import json
+import os
+import pathlib
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from tunix_blockdiff import errors
+
+FORMATS = ("auto", "jsonl", "parquet", "hf_disk")
+_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+_CHUNK = 1 << 20
+
+
+class RowError(errors.UsageError):
+  """A row that cannot be read or used; the message starts with file:line."""
+
+
+def resolve_paths(paths: str | os.PathLike | Sequence[Any]) -> list[str]:
+  """Files named by a path, a glob, or a list of them (sorted per glob).
+
+  Raises:
+    UsageError: A path or glob names nothing.
+  """
+  if isinstance(paths, (str, os.PathLike)):
+    paths = [paths]
+  resolved = []
+  for pattern in paths:
+    pattern = os.path.expanduser(os.fspath(pattern))
+    matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else []
+    if not matches:
+      if not os.path.exists(pattern):
+        raise errors.UsageError(f"dataset path {pattern!r} does not exist")
+      matches = [pattern]
+    resolved.extend(matches)
+  return resolved
+
+
+def detect_format(path: str, format: str = "auto") -> str:  # pylint: disable=redefined-builtin
+  """The format of `path`: `format` itself unless it is `auto`."""
+  if format not in FORMATS:
+    raise errors.UsageError(
+        f"dataset.format must be one of {FORMATS}, got {format!r}"
+    )
+  if format != "auto":
+    return format
+  if os.path.isdir(path):
+    return "hf_disk"
+  suffix = pathlib.Path(path).suffix.lower()
+  if suffix not in _EXTENSIONS:
+    raise errors.UsageError(
+        f"cannot tell the format of {path!r} from its extension; use"
+        f" {sorted(_EXTENSIONS)}, a save_to_disk directory, or set"
+        " dataset.format"
+    )
+  return _EXTENSIONS[suffix]
+
+
+class JsonlSource:
+  """Random access to the JSON lines of one file (blank lines skipped)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    offsets, lines = [], []
+    position, line, pending = 0, 0, b""
+    with open(path, "rb") as f:
+      # Chunked scan: only the offsets (8 bytes per row) are kept.
+      while chunk := f.read(_CHUNK):
+        data = pending + chunk
+        start = 0
+        while (end := data.find(b"\n", start)) >= 0:
+          line += 1
+          if data[start:end].strip():
+            offsets.append(position - len(pending) + start)
+            lines.append(line)
+          start = end + 1
+        position += len(chunk)
+        pending = data[start:]
+    if pending.strip():
+      offsets.append(position - len(pending))
+      lines.append(line + 1)
+    self._offsets = np.asarray(offsets, np.int64)
+    self._lines = np.asarray(lines, np.int64)
+    self._file = None
+
+  def __len__(self) -> int:
+    return int(self._offsets.size)
+
+  def location(self, index: int) -> str:
+    return f"{self.path}:{int(self._lines[index])}"
+
+  def __getitem__(self, index: int) -> tuple[str, Any]:
+    if self._file is None:
+      self._file = open(self.path, "rb")  # pylint: disable=consider-using-with
+    self._file.seek(int(self._offsets[index]))
+    text = self._file.readline()
+    location = self.location(index)
+    try:
+      return location, json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+      raise RowError(f"{location}: not valid JSON ({e})") from None
+
+  def __getstate__(self):
+    state = dict(self.__dict__)
+    state["_file"] = None
+    return state
+
+
+class ParquetSource:
+  """Random access to the rows of one parquet file, a row group at a time."""
+
+  def __init__(self, path: str):
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
+    self.path = path
+    metadata = pq.ParquetFile(path).metadata
+    sizes = [
+        metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)
+    ]
+    self._starts = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    self._cached = (-1, None)
+
+  def __len__(self) -> int:
+    return int(self._starts[-1])
+
+  def __getitem__(self, index: int) -> tuple[str, Any]:
+    import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+
+    group = int(np.searchsorted(self._starts, index, side="right")) - 1
+    if self._cached[0] != group:
+      table = pq.ParquetFile(self.path).read_row_group(group)
+      self._cached = (group, table.to_pylist())
+    row = self._cached[1][index - int(self._starts[group])]
+    return f"{self.path}:{index + 1}", row
+
+
+class HFDiskSource:
+  """Random access to a `datasets.Dataset` saved with `save_to_disk`."""
+
+  def __init__(self, path: str):
+    import datasets  # pylint: disable=g-import-not-at-top
+
+    self.path = path
+    dataset = datasets.load_from_disk(path)
+    if isinstance(dataset, datasets.DatasetDict):
+      raise errors.UsageError(
+          f"{path!r} holds a DatasetDict with splits {sorted(dataset)}; point"
+          " dataset.train/eval at one split's directory"
+      )
+    self._dataset = dataset
+
+  def __len__(self) -> int:
+    return len(self._dataset)
+
+  def __getitem__(self, index: int) -> tuple[str, Any]:
+    return f"{self.path}:{index + 1}", self._dataset[int(index)]
+
+
+_SOURCES = {
+    "jsonl": JsonlSource,
+    "parquet": ParquetSource,
+    "hf_disk": HFDiskSource,
+}
+
+
+class ConcatSource:
+  """Several sources read as one, in order."""
+
+  def __init__(self, sources: Sequence[Any]):
+    self.sources = list(sources)
+    self._starts = np.concatenate(
+        [[0], np.cumsum([len(s) for s in self.sources], dtype=np.int64)]
+    ).tolist()
+
+  def __len__(self) -> int:
+    return int(self._starts[-1])
+
+  def __getitem__(self, index: int) -> tuple[str, Any]:
+    index = int(index)
+    if not 0 <= index < len(self):
+      raise IndexError(f"row {index} out of range [0, {len(self)})")
+    source = bisect.bisect_right(self._starts, index) - 1
+    return self.sources[source][index - self._starts[source]]
+
+
+def open_source(
+    paths: str | os.PathLike | Sequence[Any],
+    *,
+    format: str = "auto",  # pylint: disable=redefined-builtin
+) -> ConcatSource:
+  """A random-access source over every file `paths` names.
+
+  Args:
+    paths: A path, a glob, or a list of them.
+    format: One of `FORMATS`; `auto` chooses per file by extension (a
+      directory is `hf_disk`).
+
+  Returns:
+    A `ConcatSource`; item i is `(location, row)`.
+  """
+  return ConcatSource(
+      [_SOURCES[detect_format(p, format)](p) for p in resolve_paths(paths)]
+  )
+
+
+def read_rows(
+    paths: str | os.PathLike | Sequence[Any],
+    *,
+    format: str = "auto",  # pylint: disable=redefined-builtin
+) -> Iterator[tuple[str, Any]]:
+  """Streams `(location, row)` over the files `paths` names, in order.
+
+  Args:
+    paths: A path, a glob, or a list of them (jsonl, parquet, hf_disk).
+    format: One of `FORMATS`.
+
+  Yields:
+    `("file:line", row)`; a jsonl line that is not JSON raises `RowError`.
+  """
+  source = open_source(paths, format=format)
+  for index in range(len(source)):
+    yield source[index]
+
+
+__all__ = [
+    "ConcatSource",
+    "FORMATS",
+    "HFDiskSource",
+    "JsonlSource",
+    "ParquetSource",
+    "RowError",
+    "detect_format",
+    "open_source",
+    "read_rows",
+    "resolve_paths",
+]
