@@ -2,7 +2,7 @@
 
 The test writes its own checkpoint in the Hugging Face layout (config.json
 plus model.safetensors with HF key names and torch weight layouts), exported
-from a Tunix Qwen3 by an inverse mapping written here, then loads it through
+from a Tunix Qwen3 by `hf_export.save_qwen3_hf`, then loads it through
 `tunix_blockdiff.checkpoints` (Tunix's loader underneath) and through the
 `qwen3_0p6b.yaml` recipe of the sft job, with the recipe's LoRA.
 """
@@ -15,10 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import safetensors.numpy
 from tunix.models.qwen3 import model as qwen3_lib
 
 from tunix_blockdiff import checkpoints
+from tunix_blockdiff import hf_export
 from tunix_blockdiff import tiny_models
 
 VOCAB = 64
@@ -41,36 +41,6 @@ def _hf_config(tied: bool) -> dict:
       "tie_word_embeddings": tied,
       "torch_dtype": "float32",
   }
-
-
-def _to_hf(path: tuple, value: np.ndarray) -> tuple[str, np.ndarray]:
-  """Tunix Qwen3 parameter -> (HF key, tensor in torch layout)."""
-  if path == ("embedder", "input_embedding"):
-    return "model.embed_tokens.weight", value
-  if path == ("final_norm", "w"):
-    return "model.norm.weight", value
-  if path == ("lm_head", "w"):
-    return "lm_head.weight", value.T
-  _, i, *rest = path
-  prefix = f"model.layers.{i}"
-  rest = tuple(rest)
-  if rest[0] == "attn":
-    name = rest[1]
-    if name in ("q_norm", "k_norm"):
-      return f"{prefix}.self_attn.{name}.weight", value
-    if name == "o_proj":  # [H, hd, D] -> [D, H * hd]
-      return (
-          f"{prefix}.self_attn.o_proj.weight",
-          value.reshape(-1, value.shape[-1]).T,
-      )
-    # q/k/v [D, H, hd] -> [H * hd, D]
-    return (
-        f"{prefix}.self_attn.{name}.weight",
-        value.reshape(value.shape[0], -1).T,
-    )
-  if rest[0] == "mlp":
-    return f"{prefix}.mlp.{rest[1]}.weight", value.T
-  return f"{prefix}.{rest[0]}.weight", value
 
 
 def write_tiny_hf_checkpoint(
@@ -96,13 +66,7 @@ def write_tiny_hf_checkpoint(
       lambda x: jnp.asarray(rng.normal(0, 0.5, x.shape), x.dtype), state
   )
   nnx.update(model, state)
-  tensors = {}
-  for path, variable in nnx.to_flat_state(nnx.state(model, nnx.Param)):
-    key, value = _to_hf(tuple(path), np.asarray(variable.get_value()))
-    tensors[key] = np.ascontiguousarray(value, np.float32)
-  directory.mkdir(parents=True, exist_ok=True)
-  safetensors.numpy.save_file(tensors, str(directory / "model.safetensors"))
-  (directory / "config.json").write_text(json.dumps(_hf_config(tied)))
+  hf_export.save_qwen3_hf(model, directory)
   return model
 
 
