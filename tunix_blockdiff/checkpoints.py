@@ -1,37 +1,36 @@
 """Pretrained Tunix models from Hugging Face safetensors checkpoints.
 
 A Hugging Face model directory (`config.json` plus `*.safetensors`, e.g. a
-local copy of `Qwen/Qwen3-0.6B`) becomes a Tunix Qwen3 through Tunix's own
-loader (`tunix.models.qwen3.params.create_model_from_safe_tensors`); only the
-`ModelConfig` is read from `config.json` here, so any dense Qwen3 size loads
-the same way, including the tiny checkpoints the tests write.
+local copy of `Qwen/Qwen3-0.6B`) becomes a Tunix model of its family (Qwen3,
+Qwen2, Llama3 or Gemma3) through Tunix's own loader
+(`tunix.models.<family>.params*.create_model_from_safe_tensors`); only the
+`ModelConfig` is built here, from `config.json` (`hf_configs`), so any dense
+size of a family loads the same way, including the tiny checkpoints the tests
+write.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import pathlib
-from typing import Any, Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
-from tunix.models.qwen3 import model as qwen3_lib
-from tunix.models.qwen3 import params as qwen3_params
 
-_DTYPES = {
-    "float32": jnp.float32,
-    "bfloat16": jnp.bfloat16,
-    "float16": jnp.float16,
+from tunix_blockdiff import hf_configs
+
+as_dtype = hf_configs.as_dtype
+qwen3_config_from_hf = hf_configs.qwen3_config_from_hf
+
+# family -> the Tunix module with `create_model_from_safe_tensors`.
+_TUNIX_LOADERS = {
+    "qwen3": "tunix.models.qwen3.params",
+    "qwen2": "tunix.models.qwen2.params",
+    "llama3": "tunix.models.llama3.params",
+    "gemma3": "tunix.models.gemma3.params_safetensors",
 }
-
-
-def as_dtype(name: str | None):
-  """`'float32' | 'bfloat16' | 'float16' | None` -> a jnp dtype or None."""
-  if name is None:
-    return None
-  if name not in _DTYPES:
-    raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {name!r}")
-  return _DTYPES[name]
 
 
 def read_hf_config(path: str | pathlib.Path) -> dict[str, Any]:
@@ -45,59 +44,51 @@ def read_hf_config(path: str | pathlib.Path) -> dict[str, Any]:
   return json.loads(config_file.read_text())
 
 
-def qwen3_config_from_hf(
-    hf_config: Mapping[str, Any],
+def load_hf(
+    path: str | pathlib.Path,
     *,
+    family: str | None = None,
     dtype: str = "float32",
     param_dtype: str | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     use_flash_attention: bool = False,
-) -> qwen3_lib.ModelConfig:
-  """A Tunix Qwen3 `ModelConfig` from a Hugging Face Qwen3 `config.json`.
+):
+  """Loads a Hugging Face checkpoint as the Tunix model of its family.
 
   Args:
-    hf_config: The parsed `config.json` (`model_type` qwen3, dense).
-    dtype: Activation dtype name.
-    param_dtype: Parameter dtype name (default: `dtype`).
-    use_flash_attention: Tunix's Splash path (TPU).
+    path: Directory with `config.json` and `*.safetensors` (HF key names).
+    family: `qwen3 | qwen2 | llama3 | gemma3`; None: from `model_type`.
+      When given, `config.json` must be of that family.
+    dtype: Activation dtype name (Llama3 and Gemma3 compute in their
+      parameters' dtype, so `param_dtype` must then equal it).
+    param_dtype: Parameter dtype name (default: `dtype`); loaded tensors are
+      cast to it.
+    mesh: Optional mesh to shard the parameters on (Tunix's sharding rules).
+    use_flash_attention: Tunix's Splash path (TPU; Qwen3 and Qwen2 only).
 
   Returns:
-    The `ModelConfig`.
+    The Tunix model (`Qwen3`, `Qwen2`, `Llama3` or `Gemma3`) with the
+    checkpoint's weights.
   """
-  model_type = hf_config.get("model_type", "qwen3")
-  if model_type != "qwen3":
-    raise ValueError(f"model_type must be 'qwen3', got {model_type!r}")
-  if hf_config.get("num_experts"):
+  path = pathlib.Path(path).expanduser()
+  hf_config = read_hf_config(path)
+  if family is None:
+    family = hf_configs.family_of(hf_config)
+  if family not in hf_configs.CONFIG_FROM_HF:
     raise ValueError(
-        "mixture-of-experts Qwen3 checkpoints are not supported by this"
-        " loader; use a dense Qwen3"
+        f"family must be one of {hf_configs.FAMILIES}, got {family!r}"
     )
-  required = (
-      "num_hidden_layers",
-      "vocab_size",
-      "hidden_size",
-      "intermediate_size",
-      "num_attention_heads",
-      "num_key_value_heads",
-  )
-  missing = [key for key in required if key not in hf_config]
-  if missing:
-    raise ValueError(f"config.json is missing {missing}")
-  heads = int(hf_config["num_attention_heads"])
-  head_dim = int(hf_config.get("head_dim") or hf_config["hidden_size"] // heads)
-  return qwen3_lib.ModelConfig(
-      num_layers=int(hf_config["num_hidden_layers"]),
-      vocab_size=int(hf_config["vocab_size"]),
-      embed_dim=int(hf_config["hidden_size"]),
-      hidden_dim=int(hf_config["intermediate_size"]),
-      num_heads=heads,
-      head_dim=head_dim,
-      num_kv_heads=int(hf_config["num_key_value_heads"]),
-      rope_theta=int(hf_config.get("rope_theta", 1_000_000)),
-      norm_eps=float(hf_config.get("rms_norm_eps", 1e-6)),
-      use_tied_embedding=bool(hf_config.get("tie_word_embeddings", False)),
-      dtype=as_dtype(dtype),
-      param_dtype=as_dtype(param_dtype or dtype),
+  config = hf_configs.CONFIG_FROM_HF[family](
+      hf_config,
+      dtype=dtype,
+      param_dtype=param_dtype,
       use_flash_attention=use_flash_attention,
+  )
+  if not list(path.glob("*.safetensors")):
+    raise FileNotFoundError(f"no *.safetensors files in {path}")
+  loader = importlib.import_module(_TUNIX_LOADERS[family])
+  return loader.create_model_from_safe_tensors(
+      str(path), config, mesh=mesh, dtype=as_dtype(param_dtype or dtype)
   )
 
 
@@ -108,31 +99,15 @@ def load_qwen3(
     param_dtype: str | None = None,
     mesh: jax.sharding.Mesh | None = None,
     use_flash_attention: bool = False,
-) -> qwen3_lib.Qwen3:
-  """Loads a Hugging Face Qwen3 checkpoint as a Tunix Qwen3.
-
-  Args:
-    path: Directory with `config.json` and `*.safetensors` (HF key names).
-    dtype: Activation dtype name.
-    param_dtype: Parameter dtype name (default: `dtype`); loaded tensors are
-      cast to it.
-    mesh: Optional mesh to shard the parameters on (Tunix's sharding rules).
-    use_flash_attention: Tunix's Splash path (TPU).
-
-  Returns:
-    A Tunix `Qwen3` with the checkpoint's weights.
-  """
-  path = pathlib.Path(path).expanduser()
-  config = qwen3_config_from_hf(
-      read_hf_config(path),
+):
+  """Loads a Hugging Face Qwen3 checkpoint as a Tunix Qwen3 (`load_hf`)."""
+  return load_hf(
+      path,
+      family="qwen3",
       dtype=dtype,
       param_dtype=param_dtype,
+      mesh=mesh,
       use_flash_attention=use_flash_attention,
-  )
-  if not list(path.glob("*.safetensors")):
-    raise FileNotFoundError(f"no *.safetensors files in {path}")
-  return qwen3_params.create_model_from_safe_tensors(
-      str(path), config, mesh=mesh, dtype=as_dtype(param_dtype or dtype)
   )
 
 
@@ -199,6 +174,7 @@ class HFTokenizer:
 __all__ = [
     "HFTokenizer",
     "as_dtype",
+    "load_hf",
     "load_qwen3",
     "merge_lora",
     "qwen3_config_from_hf",

@@ -12,12 +12,15 @@ slot's clean token at that slot.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Callable
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from tunix_blockdiff import models
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.objective import alignment as alignment_lib
 
@@ -36,9 +39,23 @@ def fresh_view(model):
   return nnx.merge(*nnx.split(model))
 
 
+@functools.cache
+def _takes_segment_ids(model_type: type) -> bool:
+  call = getattr(model_type, "__call__", None)
+  try:
+    return "segment_ids" in inspect.signature(call).parameters
+  except (TypeError, ValueError):
+    return False
+
+
 def call_model(model, tokens, positions, attention_mask, segment_ids=None):
-  """Runs a Tunix causal LM without a cache; returns float logits [B, L, V]."""
-  if segment_ids is None:
+  """Runs a Tunix causal LM without a cache; returns float logits [B, L, V].
+
+  `segment_ids` reach the model only if its `__call__` takes them (Qwen2,
+  Qwen3: their flash path needs them); Llama3 and Gemma3 take none, and the
+  attention masks built here already separate the documents.
+  """
+  if segment_ids is None or not _takes_segment_ids(type(model)):
     logits, _ = model(tokens, positions, None, attention_mask)
   else:
     logits, _ = model(
@@ -158,6 +175,12 @@ def two_stream_logits(
   Returns:
     float32 [B, L, V]: `out[:, i]` predicts the clean token of xt slot i.
   """
+  models.check_window(
+      model,
+      2 * positions.shape[1],
+      what="two-stream training ([x0 | xt], twice seq_len)",
+      fix="Use the single stream, or a seq_len of at most half the window.",
+  )
   mask = masks.two_stream_mask(
       positions, block_size, segment_ids=segment_ids, valid=validity
   )

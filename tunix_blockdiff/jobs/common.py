@@ -30,6 +30,7 @@ import optax
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff import models as models_lib
 from tunix_blockdiff import tasks as tasks_lib
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"
@@ -316,41 +317,11 @@ def shard_model(model, mesh: jax.sharding.Mesh | None):
 
 
 def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
-  """`model.kind`: `tiny_qwen3` (from scratch) or `qwen3_hf` (safetensors)."""
-  kind = model_cfg.kind
-  if kind == "tiny_qwen3":
-    from tunix.models.qwen3 import model as qwen3_lib  # pylint: disable=g-import-not-at-top
-
-    from tunix_blockdiff import tiny_models  # pylint: disable=g-import-not-at-top
-
-    config = tiny_models.qwen3_config(
-        model_cfg.vocab_size,
-        num_layers=model_cfg.num_layers,
-        embed_dim=model_cfg.embed_dim,
-        hidden_dim=model_cfg.hidden_dim,
-        num_heads=model_cfg.num_heads,
-        head_dim=model_cfg.head_dim,
-        num_kv_heads=model_cfg.num_kv_heads,
-    )
-    return qwen3_lib.Qwen3(config, rngs=nnx.Rngs(seed))
-  if kind == "qwen3_hf":
-    from tunix_blockdiff import checkpoints  # pylint: disable=g-import-not-at-top
-
-    if not model_cfg.path:
-      raise ValueError("model.kind=qwen3_hf needs model.path (an HF model dir)")
-    return checkpoints.load_qwen3(
-        model_cfg.path,
-        dtype=model_cfg.dtype,
-        param_dtype=model_cfg.get("param_dtype"),
-        mesh=mesh,
-    )
-  raise ValueError(
-      f"model.kind must be 'tiny_qwen3' or 'qwen3_hf', got {kind!r}"
-  )
+  """The model of a recipe's `model` section (`models.build_model`)."""
+  return models_lib.build_model(model_cfg, seed=seed, mesh=mesh)
 
 
-def model_vocab_size(model) -> int:
-  return int(model.config.vocab_size)
+model_vocab_size = models_lib.model_vocab_size
 
 
 def apply_lora(model, lora_cfg, *, seed: int):

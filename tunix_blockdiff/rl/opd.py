@@ -44,6 +44,7 @@ from tunix.rl import rl_learner
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import modeling
+from tunix_blockdiff import models
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import divergence as divergence_lib
@@ -200,15 +201,7 @@ def check_vocab_match(teacher_vocab: int, student_vocab: int) -> None:
     )
 
 
-def model_vocab_size(model) -> int:
-  """The vocabulary size of a Tunix model (from its config or embedder)."""
-  size = getattr(getattr(model, "config", None), "vocab_size", None)
-  if size is not None:
-    return int(size)
-  for path, leaf in nnx.state(model, nnx.Param).flat_state():
-    if any("embed" in str(p) for p in path):
-      return int(leaf.value.shape[0])
-  raise ValueError("cannot tell the model's vocabulary size")
+model_vocab_size = models.model_vocab_size
 
 
 # -----------------------------------------------------------------------------

@@ -1,0 +1,133 @@
+"""KV caches of the Tunix families and the per-row cache operations.
+
+Every supported family (Qwen3, Qwen2, Llama3, Gemma3) keeps one cache entry
+per layer, `{'k', 'v': [B, S, num_kv_heads, head_dim], 'end_index': int32
+[B]}`, and writes a call's keys and values at the shared index
+`end_index[0]`. `init_cache` builds it (with `model.init_cache` where the
+model has one), `check_model_for_cache` refuses what the cached driver cannot
+run exactly (flash attention, a sliding window shorter than the cache).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from tunix_blockdiff import models
+
+
+def _activation_dtype(model):
+  dtype = getattr(getattr(model, "config", None), "dtype", None)
+  if dtype is not None:
+    return dtype
+  for leaf in jax.tree.leaves(nnx.state(model, nnx.Param)):
+    if jnp.issubdtype(leaf.dtype, jnp.floating):
+      return leaf.dtype
+  return jnp.float32
+
+
+def init_cache(model, batch: int, cache_len: int) -> dict[str, Any]:
+  """An empty KV cache in Tunix's layout for `model`.
+
+  Uses `model.init_cache` when the model has it (Qwen3); otherwise (Qwen2,
+  Llama3, Gemma3 in Tunix 0.1.7) builds `{'layer_i': {'k', 'v': [B,
+  cache_len, num_kv_heads, head_dim], 'end_index': int32 [B]}}` from the
+  model's config, as those models read it.
+  """
+  dtype = _activation_dtype(model)
+  if hasattr(model, "init_cache"):
+    return model.init_cache(batch, cache_len, dtype)
+  config = model.config
+  num_layers = getattr(config, "num_layers", None) or len(model.layers)
+  shape = (batch, cache_len, config.num_kv_heads, config.head_dim)
+  return {
+      f"layer_{i}": {
+          "k": jnp.zeros(shape, dtype),
+          "v": jnp.zeros(shape, dtype),
+          "end_index": jnp.zeros((batch,), jnp.int32),
+      }
+      for i in range(num_layers)
+  }
+
+
+def at_write_index(cache, index: int):
+  """The cache with every layer's shared write index set to `index`."""
+  return {
+      name: dict(layer, end_index=jnp.full_like(layer["end_index"], index))
+      for name, layer in cache.items()
+  }
+
+
+def row_slice(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
+  """x[b, start[b] : start[b] + size] for every row b."""
+  return jax.vmap(
+      lambda row, s: jax.lax.dynamic_slice_in_dim(row, s, size, axis=0)
+  )(x, start)
+
+
+def row_update(x: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
+  """x with x[b, start[b] : start[b] + len] = update[b] for every row b."""
+  return jax.vmap(
+      lambda row, u, s: jax.lax.dynamic_update_slice_in_dim(row, u, s, axis=0)
+  )(x, update, start)
+
+
+def copy_scratch(old_cache, new_cache, scratch: int, size: int, start, keep):
+  """Copies new_cache[:, scratch:scratch+size] to row slots [start, start+size).
+
+  Only rows with `keep` change; everything else is `old_cache`.
+  """
+  out = {}
+  for name, layer in old_cache.items():
+    updated = dict(layer)
+    for key in ("k", "v"):
+      fresh = jax.lax.dynamic_slice_in_dim(
+          new_cache[name][key], scratch, size, 1
+      )
+      current = row_slice(layer[key], start, size)
+      chosen = jnp.where(keep[:, None, None, None], fresh, current)
+      updated[key] = row_update(layer[key], chosen, start)
+    out[name] = updated
+  return out
+
+
+def scratch_valid(valid: jax.Array, offset: int, cache_len: int) -> jax.Array:
+  """bool [B, cache_len]: True at scratch slots offset + j where valid[b, j]."""
+  width = valid.shape[1]
+  return jnp.pad(valid, ((0, 0), (offset, cache_len - offset - width)))
+
+
+def check_model_for_cache(
+    model, config, prompt_width: int, num_new: int
+) -> None:
+  """Raises for attention the cached driver cannot reproduce exactly."""
+  model_config = getattr(model, "config", None)
+  if getattr(model_config, "use_flash_attention", False):
+    raise ValueError(
+        "generate(use_cache=True) needs the dense attention path (it passes an"
+        " explicit block mask against the KV cache, which Tunix's flash branch"
+        " ignores): build the rollout model with use_flash_attention=False, or"
+        " pass use_cache=False"
+    )
+  # Tunix's Gemma3 masks its local layers by physical distance |i - j| <
+  # window between a call's query row i and cache slot j. The calls here span
+  # at most T + W - 1 of that distance (T = the logical rows, rounded up to
+  # the block; the scratch sits after them), so the window cuts nothing, and
+  # neither does the cacheless reference's logical window, iff T + W fits.
+  width = config.block_size
+  total = -(-(prompt_width + num_new) // width) * width
+  models.check_window(
+      model,
+      total + width,
+      what=(
+          "generate(use_cache=True) with prompt width + max_new_tokens"
+          f" rounded up to the block ({total}) plus one block ({width})"
+      ),
+      fix=(
+          "Shorten the prompts or max_new_tokens, or pass use_cache=False"
+          " (the cacheless path applies the window exactly)."
+      ),
+  )
