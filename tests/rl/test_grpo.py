@@ -18,7 +18,7 @@ from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import tasks
 from tunix_blockdiff import tiny_models
-from tunix_blockdiff.jobs import rl as rl_job
+from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import scoring
@@ -206,7 +206,7 @@ def test_two_grpo_steps_inside_a_real_rlcluster():
   tokenizer = tasks.CharTokenizer()
   policy = tiny_models.tiny_qwen3(tokenizer.vocab_size, seed=0, num_layers=1)
   before = jax.tree.map(np.array, nnx.state(policy, nnx.Param))
-  mesh = rl_job.single_device_mesh()
+  mesh = rl_common.single_device_mesh()
   rollout_config = base_rollout.RolloutConfig(
       max_tokens_to_generate=4,
       max_prompt_length=10,

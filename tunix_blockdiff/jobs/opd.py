@@ -13,6 +13,10 @@ With no recipe it runs the bundled `opd_tiny.yaml`:
    divergence (`bd_opd`, reverse KL by default) of the student's
    trajectory-exact distributions to the teacher's.
 
+Prompts are the SFT task's, or rows `{"prompt", "answer"}` of the recipe's
+`dataset.train` / `dataset.eval` files (`jobs.rl_data`); the teacher then
+trains on the first `teacher.num_train` training rows and OPD uses the rest.
+
 Writes `summary.json` (student exact match and the divergence on held-out
 prompts before and after, teacher exact match, `seconds`) and `opd.png`.
 """
@@ -32,7 +36,8 @@ from tunix.sft import peft_trainer
 
 from tunix_blockdiff import tiny_models
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import rl as rl_job
+from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import opd
 from tunix_blockdiff.rl import scoring
@@ -145,13 +150,16 @@ def train_ar_teacher(
 def teacher_exact_match(
     teacher,
     tokenizer,
-    task,
-    pairs,
+    reward_fn,
+    rows,
     *,
     max_new_tokens: int,
     max_prompt_length: int,
 ) -> float:
-  """Greedy exact match of the AR teacher with Tunix's `Sampler`."""
+  """Mean `reward_fn` (exact match) of the AR teacher's greedy completions.
+
+  Generated with Tunix's `Sampler`.
+  """
   config = teacher.config
   sampler = sampler_lib.Sampler(
       teacher,
@@ -163,14 +171,20 @@ def teacher_exact_match(
           head_dim=config.head_dim,
       ),
   )
+  batch = next(rl_data.prompt_batches(rows, len(rows)))
+  prompts = list(batch.pop("prompts"))
   output = sampler(
-      [p for p, _ in pairs],
+      prompts,
       max_generation_steps=max_new_tokens,
       max_prompt_length=max_prompt_length,
       temperature=0.0,
   )
   return float(
-      np.mean([task.check(p, c, a) for (p, a), c in zip(pairs, output.text)])
+      np.mean(
+          reward_fn(
+              prompts=prompts, completions=output.text, mode="eval", **batch
+          )
+      )
   )
 
 
@@ -180,12 +194,12 @@ def teacher_exact_match(
 
 
 def evaluate_student(
-    cluster, teacher, pairs, reward_fn, algo_config, batch_size: int
+    cluster, teacher, rows, reward_fn, algo_config, batch_size: int
 ):
   """(greedy exact match, mean divergence to the teacher on sampled rollouts)."""
-  exact = rl_job.evaluate_rewards(
+  exact = rl_common.evaluate_rewards(
       cluster,
-      pairs,
+      rows,
       reward_fn,
       samples=1,
       mode=Mode.EVAL,
@@ -193,7 +207,7 @@ def evaluate_student(
   )
   config = cluster.rollout.score_config
   totals = []
-  for batch in rl_job.prompt_batches(pairs, batch_size):
+  for batch in rl_data.prompt_batches(rows, batch_size):
     output = cluster.generate(list(batch["prompts"]), mode=Mode.TRAIN)
     prompt_ids = np.asarray(output.left_padded_prompt_tokens)
     scored = opd.through_first_eos(
@@ -266,20 +280,25 @@ def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
-  student, sft_cfg, sft_summary = rl_job.load_policy(cfg.student, out)
+  student, sft_cfg, sft_summary = rl_common.load_policy(cfg.student, out)
   tokenizer = common.build_tokenizer(sft_cfg.tokenizer, sft_cfg.model)
   vocab_size = opd.model_vocab_size(student)
   opd_cfg = cfg.opd
   steps = int(opd_cfg.steps)
   prompts_per_step = int(opd_cfg.prompts_per_step)
-  task, train_pairs, held_out = rl_job.task_prompts(
+  num_teacher = int(cfg.teacher.num_train)
+  prompts = rl_data.recipe_prompts(
+      cfg,
       sft_cfg,
-      int(cfg.teacher.num_train) + steps * prompts_per_step,
+      tokenizer,
+      num_train=num_teacher + steps * prompts_per_step,
+      num_held_out=int(cfg.eval.num_prompts),
       seed=int(cfg.seed) + 2000,
   )
-  held_out = held_out[: int(cfg.eval.num_prompts)]
-  teacher_pairs = train_pairs[: int(cfg.teacher.num_train)]
-  opd_pairs = train_pairs[int(cfg.teacher.num_train) :]
+  held_out = prompts.held_out
+  reward_fn = rl_data.recipe_reward(cfg, prompts)
+  teacher_pairs = rl_data.prompt_pairs(prompts.train[:num_teacher])
+  opd_rows = prompts.train[num_teacher:]
 
   teacher_clock = common.Stopwatch()
   teacher, teacher_losses = train_ar_teacher(
@@ -295,13 +314,13 @@ def run(cfg) -> dict[str, Any]:
   teacher_em = teacher_exact_match(
       teacher,
       tokenizer,
-      task,
+      reward_fn,
       held_out,
       max_new_tokens=max_new_tokens,
       max_prompt_length=int(cfg.rollout.max_prompt_length),
   )
 
-  mesh = rl_job.single_device_mesh()
+  mesh = rl_common.single_device_mesh()
   cluster = cluster_lib.BlockDiffusionRLCluster(
       actor=student,
       tokenizer=tokenizer,
@@ -311,9 +330,9 @@ def run(cfg) -> dict[str, Any]:
               Role.REFERENCE: mesh,
               Role.ROLLOUT: mesh,
           },
-          rollout_engine=rl_job.engine_factory(cfg, sft_cfg),
+          rollout_engine=rl_common.engine_factory(cfg, sft_cfg),
           training_config=rl_cluster_lib.RLTrainingConfig(
-              actor_optimizer=rl_job.make_rl_optimizer(opd_cfg),
+              actor_optimizer=rl_common.make_rl_optimizer(opd_cfg),
               eval_every_n_steps=10**9,
               max_steps=steps,
               mini_batch_size=prompts_per_step,
@@ -323,7 +342,7 @@ def run(cfg) -> dict[str, Any]:
               ),
               pbar_description="block-diffusion OPD",
           ),
-          rollout_config=rl_job.rollout_configs(cfg, max_new_tokens),
+          rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
       ),
   )
   algo_config = opd.BlockDiffusionOPDConfig(
@@ -332,7 +351,6 @@ def run(cfg) -> dict[str, Any]:
       beta=float(opd_cfg.beta),
       temperature=float(opd_cfg.temperature),
   )
-  reward_fn = rl_job.exact_match_reward(task)
   learner = opd.BlockDiffusionOPDLearner(
       cluster, algo_config, teacher, teacher_kind="ar", reward_fns=[reward_fn]
   )
@@ -348,9 +366,7 @@ def run(cfg) -> dict[str, Any]:
   start = evaluate()
   opd_clock = common.Stopwatch()
   with mesh:
-    learner.train(
-        list(rl_job.prompt_batches(opd_pairs, prompts_per_step))[:steps]
-    )
+    learner.train(list(rl_data.prompt_batches(opd_rows, prompts_per_step)))
   opd_seconds = opd_clock()
   end = evaluate()
   trainer = cluster.actor_trainer
@@ -379,6 +395,8 @@ def run(cfg) -> dict[str, Any]:
       "steps": steps,
       "optimizer_steps": trainer.train_steps,
       "held_out_prompts": len(held_out),
+      "prompts_source": prompts.source,
+      "skipped_prompt_rows": prompts.skipped_rows,
       "teacher_seconds": teacher_seconds,
       "opd_seconds": opd_seconds,
       "seconds": clock(),

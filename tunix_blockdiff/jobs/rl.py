@@ -9,6 +9,12 @@ Python API) is trained with GRPO inside Tunix's RL loop:
 equals the task's answer, else 0). Policy, reference and old-policy
 log-probs are trajectory-exact.
 
+Your own prompts and reward: `dataset.train=prompts.jsonl` (rows
+`{"prompt", "answer", ...}`; `dataset.eval` for held-out rows, else some are
+split off) and `reward=package.module:function` (Tunix's reward signature
+`fn(prompts, completions, **kwargs) -> list[float]`; the rows' other columns
+arrive as keyword arguments). See `jobs.rl_data`.
+
 Writes to `output_dir`: the resolved recipe, `summary.json` (`reward_start`,
 `reward_end`, `steps`, `seconds`, greedy exact match before and after, ...)
 and `rl.png` (the reward curve).
@@ -19,189 +25,22 @@ from __future__ import annotations
 import functools
 import pathlib
 import sys
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from flax import nnx
-import jax
-from jax.sharding import AxisType
 import numpy as np
-import omegaconf
-import optax
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.rl.rollout import base_rollout
-from tunix.sft import checkpoint_manager as checkpoint_lib
 from tunix.sft import metrics_logger as metrics_lib
 
-from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
-from tunix_blockdiff.rollout import engine as engine_lib
 
 FIGURE_FILE = "rl.png"
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
-
-
-# -----------------------------------------------------------------------------
-# The SFT policy (shared with the OPD job).
-# -----------------------------------------------------------------------------
-
-
-def load_sft_policy(directory: str | pathlib.Path):
-  """(model, SFT recipe) restored from an SFT job's `output_dir`.
-
-  The model is rebuilt from the saved recipe and its parameters (or LoRA
-  parameters, on top of the seed-determined base) restored from the latest
-  Orbax checkpoint in `checkpoints/`.
-  """
-  directory = pathlib.Path(directory).expanduser()
-  recipe_file = directory / common.RECIPE_FILE
-  if not recipe_file.is_file():
-    raise FileNotFoundError(
-        f"{recipe_file} not found: init.checkpoint must be an SFT output_dir"
-    )
-  sft_cfg = omegaconf.OmegaConf.load(recipe_file)
-  model = common.build_model(sft_cfg.model, seed=int(sft_cfg.seed))
-  model = common.apply_lora(model, sft_cfg.lora, seed=int(sft_cfg.seed))
-  manager = checkpoint_lib.CheckpointManager(str(directory / "checkpoints"))
-  step, _ = manager.maybe_restore(
-      model, restore_only_lora_params=sft_cfg.lora is not None
-  )
-  manager.close()
-  if step == 0:
-    raise FileNotFoundError(f"no checkpoint under {directory / 'checkpoints'}")
-  return model, sft_cfg
-
-
-def sft_warm_start(init_cfg, out: pathlib.Path) -> tuple[pathlib.Path, dict]:
-  """Runs the SFT job (its Python API) into `out/<name>`; returns (dir, summary)."""
-  from tunix_blockdiff.jobs import sft as sft_job  # pylint: disable=g-import-not-at-top
-
-  directory = out / str(init_cfg.get("output_subdir", "sft"))
-  overrides = [str(o) for o in init_cfg.sft_overrides or []]
-  sft_cfg = common.load_recipe(
-      [str(init_cfg.sft_recipe), *overrides, f"output_dir={directory}"]
-  )
-  summary = sft_job.run(sft_cfg)
-  return directory, summary
-
-
-def load_policy(init_cfg, out: pathlib.Path):
-  """(model, SFT recipe, SFT summary or None) for an `init` recipe section.
-
-  `init.checkpoint` names an SFT output_dir; when null, the SFT job runs
-  `init.sft_recipe` with `init.sft_overrides` into `out/init.output_subdir`.
-  """
-  if init_cfg.checkpoint:
-    model, sft_cfg = load_sft_policy(init_cfg.checkpoint)
-    return model, sft_cfg, None
-  directory, summary = sft_warm_start(init_cfg, out)
-  model, sft_cfg = load_sft_policy(directory)
-  return model, sft_cfg, summary
-
-
-def single_device_mesh() -> jax.sharding.Mesh:
-  """A 1x1 (`fsdp`, `tp`) mesh on the first device (Auto axes)."""
-  return jax.make_mesh(
-      (1, 1),
-      ("fsdp", "tp"),
-      axis_types=(AxisType.Auto, AxisType.Auto),
-      devices=jax.devices()[:1],
-  )
-
-
-def task_prompts(sft_cfg, num_train: int, seed: int):
-  """(task, `num_train` training pairs, held-out pairs).
-
-  Held-out = the SFT job's eval set; training pairs never share a prompt
-  with it.
-  """
-  task = tasks_lib.get_task(
-      sft_cfg.task.name, **common.to_dict(sft_cfg.task.get("kwargs") or {})
-  )
-  held_out = task.sample(
-      int(sft_cfg.task.num_eval), seed=int(sft_cfg.task.seed) + 1
-  )
-  held_out_prompts = {p for p, _ in held_out}
-  # Oversample: some draws repeat a held-out prompt and are dropped.
-  candidates = task.sample(2 * num_train + 256, seed=seed)
-  train = [pair for pair in candidates if pair[0] not in held_out_prompts]
-  if len(train) < num_train:
-    raise ValueError(
-        f"task {task.name!r} yields only {len(train)} training prompts outside"
-        f" the held-out set; {num_train} are needed"
-    )
-  return task, train[:num_train], held_out
-
-
-def exact_match_reward(task: tasks_lib.Task) -> Callable[..., list[float]]:
-  """Tunix reward fn: 1.0 where the completion is exactly the answer."""
-
-  def exact_match(prompts, completions, answer, **unused_kwargs):
-    del unused_kwargs
-    return [
-        float(task.check(p, c, a))
-        for p, c, a in zip(prompts, completions, answer)
-    ]
-
-  return exact_match
-
-
-def prompt_batches(pairs, batch_size: int):
-  """Tunix RL inputs: dicts of NumPy arrays `prompts` and `answer`."""
-  for start in range(0, len(pairs) - batch_size + 1, batch_size):
-    chunk = pairs[start : start + batch_size]
-    yield {
-        "prompts": np.array([p for p, _ in chunk]),
-        "answer": np.array([a for _, a in chunk]),
-    }
-
-
-def rollout_configs(cfg, max_new_tokens: int) -> dict:
-  """TRAIN (sampling) and EVAL (greedy, for exact match) `RolloutConfig`s."""
-  common_args = dict(
-      max_tokens_to_generate=max_new_tokens,
-      max_prompt_length=int(cfg.rollout.max_prompt_length),
-      top_p=None,
-      top_k=None,
-  )
-  return {
-      Mode.TRAIN: base_rollout.RolloutConfig(
-          temperature=float(cfg.rollout.temperature), **common_args
-      ),
-      Mode.EVAL: base_rollout.RolloutConfig(temperature=0.0, **common_args),
-  }
-
-
-def engine_factory(cfg, sft_cfg):
-  """`functools.partial(BlockDiffusionRollout, ...)` from the SFT objective."""
-  return functools.partial(
-      engine_lib.BlockDiffusionRollout,
-      block_size=int(sft_cfg.diffusion.block_size),
-      mask_token_id=int(sft_cfg.diffusion.mask_token_id),
-      alignment=str(sft_cfg.diffusion.alignment),
-      threshold=float(cfg.rollout.threshold),
-      seed=int(cfg.seed),
-  )
-
-
-def evaluate_rewards(
-    cluster, pairs, reward_fn, *, samples: int, mode: Mode, batch_size: int
-) -> float:
-  """Mean reward of `samples` rollouts per held-out prompt in `mode`."""
-  rewards = []
-  repeated = [pair for pair in pairs for _ in range(samples)]
-  for batch in prompt_batches(repeated, batch_size):
-    output = cluster.generate(list(batch["prompts"]), mode=mode)
-    rewards.extend(
-        reward_fn(
-            prompts=list(batch["prompts"]),
-            completions=output.text,
-            answer=list(batch["answer"]),
-        )
-    )
-  return float(np.mean(rewards))
 
 
 def plot_reward_curve(
@@ -251,30 +90,38 @@ def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
-  policy, sft_cfg, sft_summary = load_policy(cfg.init, out)
+  if cfg.get("reward"):  # A bad spec fails before the warm start.
+    rl_data.load_reward_fn(str(cfg.reward), columns=None)
+  policy, sft_cfg, sft_summary = rl_common.load_policy(cfg.init, out)
   warm_start_seconds = clock()
   tokenizer = common.build_tokenizer(sft_cfg.tokenizer, sft_cfg.model)
   grpo_cfg = cfg.grpo
   steps = int(grpo_cfg.steps)
   prompts_per_step = int(grpo_cfg.prompts_per_step)
-  task, train_pairs, held_out = task_prompts(
-      sft_cfg, steps * prompts_per_step + 64, seed=int(cfg.seed) + 1000
+  prompts = rl_data.recipe_prompts(
+      cfg,
+      sft_cfg,
+      tokenizer,
+      num_train=steps * prompts_per_step,
+      num_held_out=int(cfg.eval.num_prompts),
+      seed=int(cfg.seed) + 1000,
   )
-  held_out = held_out[: int(cfg.eval.num_prompts)]
+  held_out = prompts.held_out
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
-  reward_fn = exact_match_reward(task)
+  reward_fn = rl_data.recipe_reward(cfg, prompts)
   train_rewards: list[float] = []
 
-  def tracked_reward(prompts, completions, answer, **kwargs):
-    rewards = reward_fn(prompts, completions, answer, **kwargs)
+  @functools.wraps(reward_fn)
+  def tracked_reward(prompts, completions, **kwargs):
+    rewards = reward_fn(prompts=prompts, completions=completions, **kwargs)
     if kwargs.get("mode", "train") == "train":
-      train_rewards.extend(rewards)
+      train_rewards.extend(np.asarray(rewards, np.float64).tolist())
     return rewards
 
-  mesh = single_device_mesh()
+  mesh = rl_common.single_device_mesh()
   micro = int(grpo_cfg.micro_batch_prompts)
   training_config = rl_cluster_lib.RLTrainingConfig(
-      actor_optimizer=make_rl_optimizer(grpo_cfg),
+      actor_optimizer=rl_common.make_rl_optimizer(grpo_cfg),
       eval_every_n_steps=10**9,
       max_steps=steps * int(grpo_cfg.num_iterations),
       mini_batch_size=prompts_per_step,
@@ -297,9 +144,9 @@ def run(cfg) -> dict[str, Any]:
               Role.REFERENCE: mesh,
               Role.ROLLOUT: mesh,
           },
-          rollout_engine=engine_factory(cfg, sft_cfg),
+          rollout_engine=rl_common.engine_factory(cfg, sft_cfg),
           training_config=training_config,
-          rollout_config=rollout_configs(cfg, max_new_tokens),
+          rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
       ),
   )
   learner = grpo.BlockDiffusionGRPOLearner(
@@ -319,7 +166,7 @@ def run(cfg) -> dict[str, Any]:
   def evaluate():
     with mesh:
       return {
-          "sampled": evaluate_rewards(
+          "sampled": rl_common.evaluate_rewards(
               cluster,
               held_out,
               reward_fn,
@@ -327,7 +174,7 @@ def run(cfg) -> dict[str, Any]:
               mode=Mode.TRAIN,
               batch_size=eval_batch,
           ),
-          "greedy": evaluate_rewards(
+          "greedy": rl_common.evaluate_rewards(
               cluster,
               held_out,
               reward_fn,
@@ -340,7 +187,9 @@ def run(cfg) -> dict[str, Any]:
   start = evaluate()
   rl_clock = common.Stopwatch()
   with mesh:
-    learner.train(list(prompt_batches(train_pairs, prompts_per_step))[:steps])
+    learner.train(
+        list(rl_data.prompt_batches(prompts.train, prompts_per_step))
+    )
   rl_seconds = rl_clock()
   end = evaluate()
   per_step = prompts_per_step * int(grpo_cfg.num_generations)
@@ -362,6 +211,9 @@ def run(cfg) -> dict[str, Any]:
       "optimizer_steps": cluster.actor_trainer.train_steps,
       "rollouts": steps * prompts_per_step * int(grpo_cfg.num_generations),
       "held_out_prompts": len(held_out),
+      "prompts_source": prompts.source,
+      "skipped_prompt_rows": prompts.skipped_rows,
+      "reward_fn": str(cfg.get("reward") or "exact_match"),
       "warm_start_seconds": warm_start_seconds,
       "rl_seconds": rl_seconds,
       "seconds": clock(),
@@ -383,26 +235,12 @@ def run(cfg) -> dict[str, Any]:
           "greedy": (start["greedy"], end["greedy"]),
       },
       title=(
-          f"GRPO ({sft_cfg.task.name}), block {sft_cfg.diffusion.block_size}:"
+          f"GRPO ({prompts.source}), block {sft_cfg.diffusion.block_size}:"
           f" held-out reward {start['sampled']:.3f} -> {end['sampled']:.3f}"
       ),
   )
   common.write_summary(out, summary)
   return summary
-
-
-def make_rl_optimizer(grpo_cfg) -> optax.GradientTransformation:
-  """AdamW at a constant learning rate, gradients clipped by global norm."""
-  adamw = optax.adamw(
-      float(grpo_cfg.learning_rate),
-      b1=0.9,
-      b2=float(grpo_cfg.get("adam_b2", 0.99)),
-      weight_decay=float(grpo_cfg.get("weight_decay", 0.0)),
-  )
-  clip = float(grpo_cfg.get("grad_clip", 0.0) or 0.0)
-  return (
-      optax.chain(optax.clip_by_global_norm(clip), adamw) if clip > 0 else adamw
-  )
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,209 @@
+"""Prompts and rewards of the rl/opd jobs: dataset rows and user rewards."""
+
+import json
+import textwrap
+
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+import numpy as np
+import omegaconf
+import pytest
+
+from tunix_blockdiff import tasks
+from tunix_blockdiff.jobs import rl_data
+
+REWARDS_MODULE = textwrap.dedent("""
+    NOT_A_FUNCTION = 3
+
+    def with_answer(prompts, completions, answer, mode, **kwargs):
+      return [float(c == a) for c, a in zip(completions, answer)]
+
+    def too_narrow(prompts, completions):
+      return [0.0] * len(prompts)
+
+    class Scorer:
+      @staticmethod
+      def score(prompts, completions, **kwargs):
+        return [1.0] * len(prompts)
+""")
+
+
+@pytest.fixture(name="rewards_module")
+def _rewards_module(tmp_path, monkeypatch):
+  (tmp_path / "user_rewards_rl_data.py").write_text(REWARDS_MODULE)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  return "user_rewards_rl_data"
+
+
+def _write_jsonl(path, rows):
+  path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  return path
+
+
+def _no_check(prompt):
+  del prompt
+
+
+def test_load_reward_fn_returns_the_named_function(rewards_module):
+  fn = rl_data.load_reward_fn(f"{rewards_module}:with_answer", ["answer"])
+  assert fn(prompts=["p"], completions=["a"], answer=["a"], mode="train") == [
+      1.0
+  ]
+  scorer = rl_data.load_reward_fn(f"{rewards_module}:Scorer.score", ["tag"])
+  assert scorer(prompts=["p", "q"], completions=["", ""]) == [1.0, 1.0]
+
+
+@pytest.mark.parametrize(
+    "spec, error, match",
+    [
+        ("no_colon", ValueError, "package.module:function"),
+        ("a:b:c", ValueError, "package.module:function"),
+        ("", ValueError, "package.module:function"),
+        ("no_such_pkg_xyz.rewards:fn", ValueError, "not found"),
+        ("{m}:missing", ValueError, "no attribute 'missing'"),
+        ("{m}:NOT_A_FUNCTION", TypeError, "not a function"),
+        ("{m}:too_narrow", TypeError, "cannot take Tunix's reward call"),
+    ],
+)
+def test_load_reward_fn_rejects_bad_specs(rewards_module, spec, error, match):
+  with pytest.raises(error, match=match):
+    rl_data.load_reward_fn(spec.format(m=rewards_module), ["answer"])
+
+
+def test_dataset_rows_are_renamed_validated_and_split(tmp_path, capsys):
+  train = _write_jsonl(
+      tmp_path / "train.jsonl",
+      [{"q": f"rev {i}>", "a": str(i), "tag": i % 2} for i in range(10)]
+      + [{"q": "", "a": "0", "tag": 0}, {"a": "1", "tag": 1}],
+  )
+  cfg = omegaconf.OmegaConf.create(
+      {"train": str(train), "fields": {"prompt": "q", "answer": "a"}}
+  )
+  prompts = rl_data.dataset_prompts(
+      cfg,
+      num_train=20,
+      num_held_out=3,
+      need_answer=True,
+      validate_prompt=_no_check,
+  )
+  assert prompts.skipped_rows == 2
+  assert "train.jsonl:11" in capsys.readouterr().err
+  assert prompts.columns == ("answer", "tag")
+  assert len(prompts.held_out) == 3 and len(prompts.train) == 20
+  held = {r["prompt"] for r in prompts.held_out}
+  trained = {r["prompt"] for r in prompts.train}
+  assert not held & trained and len(held | trained) == 10
+  assert all(r["answer"] == r["prompt"][4:-1] for r in prompts.train)
+
+
+def test_dataset_eval_file_and_bad_rows_error(tmp_path):
+  train = _write_jsonl(
+      tmp_path / "train.jsonl",
+      [{"prompt": "rev 1>", "answer": "1"}, {"prompt": "rev 12345678>"}],
+  )
+  held = _write_jsonl(
+      tmp_path / "eval.jsonl", [{"prompt": "rev 9>", "answer": "9"}] * 4
+  )
+
+  def short(prompt):
+    if len(prompt) > 8:
+      raise ValueError("too long")
+
+  cfg = {"train": str(train), "eval": str(held), "num_eval": 2}
+  prompts = rl_data.dataset_prompts(
+      omegaconf.OmegaConf.create(cfg),
+      num_train=3,
+      num_held_out=8,
+      need_answer=True,
+      validate_prompt=short,
+  )
+  assert [r["prompt"] for r in prompts.held_out] == ["rev 9>"] * 2
+  assert [r["prompt"] for r in prompts.train] == ["rev 1>"] * 3
+  with pytest.raises(ValueError, match=r"train.jsonl:2: bad prompt row"):
+    rl_data.dataset_prompts(
+        omegaconf.OmegaConf.create({**cfg, "bad_rows": "error"}),
+        num_train=3,
+        num_held_out=8,
+        need_answer=True,
+        validate_prompt=short,
+    )
+
+
+@pytest.mark.parametrize(
+    "section, match",
+    [
+        ({"train": "x.jsonl", "trian": 1}, "unknown dataset keys"),
+        ({"eval": "x.jsonl"}, "dataset.train must name"),
+        ({"train": "x.jsonl", "fields": {"promt": "q"}}, "dataset.fields"),
+        ({"train": "x.jsonl", "bad_rows": "drop"}, "bad_rows"),
+    ],
+)
+def test_dataset_section_errors(section, match):
+  with pytest.raises(ValueError, match=match):
+    rl_data.check_dataset_section(omegaconf.OmegaConf.create(section))
+
+
+def test_missing_files_and_too_few_rows_are_errors(tmp_path):
+  with pytest.raises(FileNotFoundError, match="no files match"):
+    list(rl_data.read_jsonl_rows(str(tmp_path / "none*.jsonl")))
+  train = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "b"}])
+  with pytest.raises(ValueError, match="held out"):
+    rl_data.dataset_prompts(
+        omegaconf.OmegaConf.create({"train": str(train)}),
+        num_train=1,
+        num_held_out=1,
+        need_answer=True,
+        validate_prompt=_no_check,
+    )
+
+
+def test_prompt_validator_counts_bos():
+  validate = rl_data.prompt_validator(tasks.CharTokenizer(), 5)
+  validate("rev ")  # 4 characters + BOS
+  with pytest.raises(ValueError, match="max_prompt_length=5"):
+    validate("rev 1")
+  with pytest.raises(ValueError, match="not in the alphabet"):
+    validate("REV")
+
+
+def test_prompt_batches_keep_one_value_per_row():
+  rows = [
+      {"prompt": f"p{i}", "answer": str(i), "meta": {"id": i}}
+      for i in range(5)
+  ]
+  batches = list(rl_data.prompt_batches(rows, 2))
+  assert len(batches) == 2  # The partial last batch is dropped.
+  assert list(batches[1]["prompts"]) == ["p2", "p3"]
+  assert batches[1]["meta"].dtype == object
+  repeated = np.repeat(batches[1]["meta"], 3, axis=0)
+  assert [m["id"] for m in repeated] == [2, 2, 2, 3, 3, 3]
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    num_rows=st.integers(1, 7), num=st.integers(0, 30), seed=st.integers(0, 9)
+)
+def test_cycle_rows_passes_over_every_row_each_epoch(num_rows, num, seed):
+  rows = [{"prompt": str(i)} for i in range(num_rows)]
+  out = rl_data.cycle_rows(rows, num, seed)
+  assert len(out) == num
+  for start in range(0, num - num_rows + 1, num_rows):
+    epoch = sorted(int(r["prompt"]) for r in out[start : start + num_rows])
+    assert epoch == list(range(num_rows))
+  assert out == rl_data.cycle_rows(rows, num, seed)
+
+
+def test_recipe_reward_defaults_to_exact_match_and_needs_answers():
+  prompts = rl_data.PromptSet(
+      train=[{"prompt": "p"}], held_out=[{"prompt": "p"}], source="x",
+      columns=(),
+  )
+  cfg = omegaconf.OmegaConf.create({"reward": None})
+  with pytest.raises(ValueError, match="needs an answer column"):
+    rl_data.recipe_reward(cfg, prompts)
+  exact = rl_data.exact_match_reward()
+  assert exact(prompts=["a", "b"], completions=["12", "3"], answer=[12, 4]) == [
+      1.0,
+      0.0,
+  ]

@@ -1,0 +1,188 @@
+"""What the `rl` and `opd` jobs share: the SFT policy and Tunix RL plumbing.
+
+The block-diffusion policy comes from an SFT job's output directory (or a
+warm start run here with the SFT job's Python API); the rollout engine,
+rollout configs, optimizer and the held-out reward evaluation are built the
+same way for GRPO and OPD. Prompts and rewards are in `jobs.rl_data`.
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from typing import Sequence
+
+import jax
+from jax.sharding import AxisType
+import numpy as np
+import omegaconf
+import optax
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.rl.rollout import base_rollout
+from tunix.sft import checkpoint_manager as checkpoint_lib
+
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.rollout import engine as engine_lib
+
+Mode = rl_cluster_lib.Mode
+
+
+def load_sft_policy(directory: str | pathlib.Path):
+  """(model, SFT recipe) restored from an SFT job's `output_dir`.
+
+  The model is rebuilt from the saved recipe and its parameters (or LoRA
+  parameters, on top of the seed-determined base) restored from the latest
+  Orbax checkpoint in `checkpoints/`.
+  """
+  directory = pathlib.Path(directory).expanduser()
+  recipe_file = directory / common.RECIPE_FILE
+  if not recipe_file.is_file():
+    raise FileNotFoundError(
+        f"{recipe_file} not found: init.checkpoint must be an SFT output_dir"
+    )
+  sft_cfg = omegaconf.OmegaConf.load(recipe_file)
+  model = common.build_model(sft_cfg.model, seed=int(sft_cfg.seed))
+  model = common.apply_lora(model, sft_cfg.lora, seed=int(sft_cfg.seed))
+  manager = checkpoint_lib.CheckpointManager(str(directory / "checkpoints"))
+  step, _ = manager.maybe_restore(
+      model, restore_only_lora_params=sft_cfg.lora is not None
+  )
+  manager.close()
+  if step == 0:
+    raise FileNotFoundError(f"no checkpoint under {directory / 'checkpoints'}")
+  return model, sft_cfg
+
+
+def sft_warm_start(init_cfg, out: pathlib.Path) -> tuple[pathlib.Path, dict]:
+  """Runs the SFT job (its Python API) into `out/<name>`; returns (dir, summary)."""
+  from tunix_blockdiff.jobs import sft as sft_job  # pylint: disable=g-import-not-at-top
+
+  directory = out / str(init_cfg.get("output_subdir", "sft"))
+  overrides = [str(o) for o in init_cfg.sft_overrides or []]
+  sft_cfg = common.load_recipe(
+      [str(init_cfg.sft_recipe), *overrides, f"output_dir={directory}"]
+  )
+  summary = sft_job.run(sft_cfg)
+  return directory, summary
+
+
+def load_policy(init_cfg, out: pathlib.Path):
+  """(model, SFT recipe, SFT summary or None) for an `init` recipe section.
+
+  `init.checkpoint` names an SFT output_dir; when null, the SFT job runs
+  `init.sft_recipe` with `init.sft_overrides` into `out/init.output_subdir`.
+  """
+  if init_cfg.checkpoint:
+    model, sft_cfg = load_sft_policy(init_cfg.checkpoint)
+    return model, sft_cfg, None
+  directory, summary = sft_warm_start(init_cfg, out)
+  model, sft_cfg = load_sft_policy(directory)
+  return model, sft_cfg, summary
+
+
+def single_device_mesh() -> jax.sharding.Mesh:
+  """A 1x1 (`fsdp`, `tp`) mesh on the first device (Auto axes)."""
+  return jax.make_mesh(
+      (1, 1),
+      ("fsdp", "tp"),
+      axis_types=(AxisType.Auto, AxisType.Auto),
+      devices=jax.devices()[:1],
+  )
+
+
+def rollout_configs(cfg, max_new_tokens: int, **extra) -> dict:
+  """TRAIN (sampling) and EVAL (greedy, for exact match) `RolloutConfig`s.
+
+  Args:
+    cfg: The job recipe (`rollout.temperature`, `rollout.max_prompt_length`).
+    max_new_tokens: Tokens to generate per completion.
+    **extra: Further `RolloutConfig` fields for both modes (for example
+      `kv_cache_size` for Tunix's vanilla engine).
+  """
+  common_args = dict(
+      max_tokens_to_generate=max_new_tokens,
+      max_prompt_length=int(cfg.rollout.max_prompt_length),
+      top_p=None,
+      top_k=None,
+      **extra,
+  )
+  return {
+      Mode.TRAIN: base_rollout.RolloutConfig(
+          temperature=float(cfg.rollout.temperature), **common_args
+      ),
+      Mode.EVAL: base_rollout.RolloutConfig(temperature=0.0, **common_args),
+  }
+
+
+def engine_factory(cfg, sft_cfg):
+  """`functools.partial(BlockDiffusionRollout, ...)` from the SFT objective."""
+  return functools.partial(
+      engine_lib.BlockDiffusionRollout,
+      block_size=int(sft_cfg.diffusion.block_size),
+      mask_token_id=int(sft_cfg.diffusion.mask_token_id),
+      alignment=str(sft_cfg.diffusion.alignment),
+      threshold=float(cfg.rollout.threshold),
+      seed=int(cfg.seed),
+  )
+
+
+def make_rl_optimizer(algo_cfg) -> optax.GradientTransformation:
+  """AdamW at a constant learning rate, gradients clipped by global norm."""
+  adamw = optax.adamw(
+      float(algo_cfg.learning_rate),
+      b1=0.9,
+      b2=float(algo_cfg.get("adam_b2", 0.99)),
+      weight_decay=float(algo_cfg.get("weight_decay", 0.0)),
+  )
+  clip = float(algo_cfg.get("grad_clip", 0.0) or 0.0)
+  return (
+      optax.chain(optax.clip_by_global_norm(clip), adamw) if clip > 0 else adamw
+  )
+
+
+def evaluate_rewards(
+    cluster,
+    rows: Sequence[rl_data.Row],
+    reward_fn,
+    *,
+    samples: int,
+    mode: Mode,
+    batch_size: int,
+) -> float:
+  """Mean reward of `samples` rollouts per held-out row in `mode`.
+
+  The reward function is called as Tunix calls it (every row column as a
+  keyword, `mode="eval"`). The last batch may be partial.
+  """
+  rewards = []
+  repeated = [row for row in rows for _ in range(samples)]
+  for start in range(0, len(repeated), batch_size):
+    chunk = repeated[start : start + batch_size]
+    batch = next(rl_data.prompt_batches(chunk, len(chunk)))
+    prompts = list(batch.pop("prompts"))
+    output = cluster.generate(prompts, mode=mode)
+    rewards.extend(
+        np.asarray(
+            reward_fn(
+                prompts=prompts,
+                completions=output.text,
+                mode=str(Mode.EVAL),
+                **batch,
+            ),
+            np.float64,
+        ).tolist()
+    )
+  return float(np.mean(rewards))
+
+
+__all__ = [
+    "engine_factory",
+    "evaluate_rewards",
+    "load_policy",
+    "load_sft_policy",
+    "make_rl_optimizer",
+    "rollout_configs",
+    "sft_warm_start",
+    "single_device_mesh",
+]

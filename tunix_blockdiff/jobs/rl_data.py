@@ -1,0 +1,469 @@
+"""Prompts and rewards of the `rl` and `opd` jobs.
+
+Prompts come from the SFT warm start's built-in task (the default) or from
+dataset files named by the recipe's `dataset` section; the reward is exact
+match with the row's `answer` (the default) or a user function named by the
+recipe's `reward` key, `package.module:function`, with Tunix's reward
+signature `fn(prompts, completions, **kwargs) -> list[float]`. As in Tunix,
+every other column of the prompt rows (`answer`, ...) reaches the reward
+function as a keyword argument holding one value per completion, as does
+`mode` (`"train"` or `"eval"`).
+
+Rows are dicts `{"prompt": str, "answer": ..., <other columns>}`; batches for
+Tunix's learners are dicts of NumPy arrays (`prompts` and one array per
+column).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import importlib
+import inspect
+import json
+import os
+import pathlib
+import re
+import sys
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from tunix_blockdiff import tasks as tasks_lib
+from tunix_blockdiff.jobs import common
+
+Row = dict[str, Any]
+RewardFn = Callable[..., Any]
+
+DATASET_KEYS = (
+    "train",
+    "eval",
+    "format",
+    "fields",
+    "bad_rows",
+    "seed",
+    "num_eval",
+)
+# The shared `dataset.fields` schema; RL and OPD read `prompt` and `answer`.
+FIELD_KEYS = ("prompt", "completion", "messages", "text", "answer")
+BAD_ROWS = ("skip", "error")
+REWARD_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+MAX_REPORTED_BAD_ROWS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptSet:
+  """Training and held-out prompt rows, and where they came from.
+
+  Attributes:
+    train: Rows for training, in order (`num_train` of them).
+    held_out: Rows for evaluation (never a training prompt for tasks; for
+      datasets, the `dataset.eval` rows or a seeded split of `train`).
+    source: `task:<name>` or the dataset's train path.
+    columns: Row keys besides `prompt`, passed to reward functions.
+    skipped_rows: Dataset rows skipped as bad (`dataset.bad_rows: skip`).
+    task: The built-in task, None for datasets.
+  """
+
+  train: list[Row]
+  held_out: list[Row]
+  source: str
+  columns: tuple[str, ...]
+  skipped_rows: int = 0
+  task: tasks_lib.Task | None = None
+
+
+# -----------------------------------------------------------------------------
+# Prompts.
+# -----------------------------------------------------------------------------
+
+
+def task_prompts(sft_cfg, num_train: int, seed: int) -> PromptSet:
+  """`num_train` training rows of the SFT task, and its held-out rows.
+
+  Held-out = the SFT job's eval set; training rows never share a prompt
+  with it.
+  """
+  task = tasks_lib.get_task(
+      sft_cfg.task.name, **common.to_dict(sft_cfg.task.get("kwargs") or {})
+  )
+  held_out = task.sample(
+      int(sft_cfg.task.num_eval), seed=int(sft_cfg.task.seed) + 1
+  )
+  held_out_prompts = {p for p, _ in held_out}
+  # Oversample: some draws repeat a held-out prompt and are dropped.
+  candidates = task.sample(2 * num_train + 256, seed=seed)
+  train = [pair for pair in candidates if pair[0] not in held_out_prompts]
+  if len(train) < num_train:
+    raise ValueError(
+        f"task {task.name!r} yields only {len(train)} training prompts outside"
+        f" the held-out set; {num_train} are needed"
+    )
+  return PromptSet(
+      train=[{"prompt": p, "answer": a} for p, a in train[:num_train]],
+      held_out=[{"prompt": p, "answer": a} for p, a in held_out],
+      source=f"task:{task.name}",
+      columns=("answer",),
+      task=task,
+  )
+
+
+def check_dataset_section(dataset_cfg) -> dict[str, Any]:
+  """The `dataset` section as a dict with defaults, or a clear ValueError."""
+  section = dict(common.to_dict(dataset_cfg))
+  unknown = sorted(set(section) - set(DATASET_KEYS))
+  if unknown:
+    raise ValueError(
+        f"unknown dataset keys {unknown}; allowed: {list(DATASET_KEYS)}"
+    )
+  if not section.get("train"):
+    raise ValueError("dataset.train must name the prompt file(s) (path or glob)")
+  fields = dict(section.get("fields") or {})
+  unknown = sorted(set(fields) - set(FIELD_KEYS))
+  if unknown:
+    raise ValueError(
+        f"unknown dataset.fields keys {unknown}; allowed: {list(FIELD_KEYS)}"
+    )
+  section["fields"] = {"prompt": "prompt", "answer": "answer", **fields}
+  section.setdefault("format", "auto")
+  section["bad_rows"] = section.get("bad_rows") or "skip"
+  if section["bad_rows"] not in BAD_ROWS:
+    raise ValueError(
+        f"dataset.bad_rows must be one of {BAD_ROWS}, got"
+        f" {section['bad_rows']!r}"
+    )
+  section["seed"] = int(section.get("seed") or 0)
+  return section
+
+
+def read_jsonl_rows(
+    paths_or_glob: str, *, file_format: str = "auto"
+) -> Iterator[tuple[str, Row]]:
+  """(`file:line`, row) of every JSON-object line in the matching files."""
+  if file_format not in ("auto", "jsonl"):
+    raise ValueError(
+        f"dataset.format {file_format!r} is not readable here; use jsonl"
+    )
+  paths = sorted(glob.glob(os.path.expanduser(paths_or_glob)))
+  if not paths:
+    raise FileNotFoundError(f"no files match {paths_or_glob!r}")
+  for path in paths:
+    with pathlib.Path(path).open(encoding="utf-8") as f:
+      for number, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise ValueError(f"{path}:{number}: not JSON: {e}") from None
+        if not isinstance(row, dict):
+          raise ValueError(f"{path}:{number}: not a JSON object")
+        yield f"{path}:{number}", row
+
+
+def read_prompt_rows(
+    paths_or_glob: str,
+    *,
+    file_format: str,
+    fields: dict[str, str],
+    need_answer: bool,
+    validate_prompt: Callable[[str], None],
+    bad_rows: str,
+) -> tuple[list[Row], int]:
+  """(rows, number skipped) read from jsonl files.
+
+  Each row becomes `{"prompt": row[fields.prompt], "answer":
+  row[fields.answer], <other keys>}`. A row is bad when its prompt is not a
+  non-empty string, `validate_prompt` rejects it (ValueError), its answer is
+  missing while `need_answer`, or its keys differ from the first good row's.
+  Bad rows raise (`bad_rows="error"`, with the row's `file:line`) or are
+  skipped, counted and the first few printed (`"skip"`).
+  """
+  rows, skipped, columns = [], 0, None
+  prompt_key, answer_key = fields["prompt"], fields["answer"]
+  for location, raw in read_jsonl_rows(
+      paths_or_glob, file_format=file_format
+  ):
+    row = {k: v for k, v in raw.items() if k not in (prompt_key, answer_key)}
+    row["prompt"] = raw.get(prompt_key)
+    if answer_key in raw:
+      row["answer"] = raw[answer_key]
+    try:
+      if not isinstance(row["prompt"], str) or not row["prompt"]:
+        raise ValueError(
+            f"field {prompt_key!r} must be a non-empty string, got"
+            f" {row['prompt']!r}"
+        )
+      validate_prompt(row["prompt"])
+      if need_answer and "answer" not in row:
+        raise ValueError(
+            f"field {answer_key!r} is missing (the default exact-match reward"
+            " needs it)"
+        )
+      keys = tuple(sorted(k for k in row if k != "prompt"))
+      if columns is not None and keys != columns:
+        raise ValueError(
+            f"row has columns {list(keys)}, earlier rows {list(columns)}"
+        )
+    except ValueError as e:
+      if bad_rows == "error":
+        raise ValueError(f"{location}: bad prompt row: {e}") from None
+      skipped += 1
+      if skipped <= MAX_REPORTED_BAD_ROWS:
+        print(f"skipping bad prompt row {location}: {e}", file=sys.stderr)
+      continue
+    columns = keys
+    rows.append(row)
+  if skipped:
+    print(f"skipped {skipped} bad prompt rows of {paths_or_glob}")
+  return rows, skipped
+
+
+def cycle_rows(rows: Sequence[Row], num: int, seed: int) -> list[Row]:
+  """`num` rows: passes over `rows`, each in a fresh seeded order."""
+  if not rows:
+    raise ValueError("no training prompt rows")
+  rng = np.random.default_rng(seed)
+  out: list[Row] = []
+  while len(out) < num:
+    out.extend(rows[i] for i in rng.permutation(len(rows)))
+  return out[:num]
+
+
+def dataset_prompts(
+    dataset_cfg,
+    *,
+    num_train: int,
+    num_held_out: int,
+    need_answer: bool,
+    validate_prompt: Callable[[str], None],
+) -> PromptSet:
+  """Training and held-out rows from the recipe's `dataset` files.
+
+  Training rows cycle over `dataset.train` in seeded random orders (epochs)
+  until `num_train`; held-out rows are `dataset.eval` (first `num_eval`,
+  then first `num_held_out`) or, without `dataset.eval`, `num_held_out`
+  rows split off `dataset.train` in a seeded order.
+  """
+  section = check_dataset_section(dataset_cfg)
+  read = functools.partial(
+      read_prompt_rows,
+      file_format=str(section["format"]),
+      fields=section["fields"],
+      need_answer=need_answer,
+      validate_prompt=validate_prompt,
+      bad_rows=section["bad_rows"],
+  )
+  train, skipped = read(str(section["train"]))
+  if section.get("eval"):
+    held_out, skipped_eval = read(str(section["eval"]))
+    skipped += skipped_eval
+    if section.get("num_eval") is not None:
+      held_out = held_out[: int(section["num_eval"])]
+  else:
+    order = np.random.default_rng(section["seed"]).permutation(len(train))
+    if len(train) <= num_held_out:
+      raise ValueError(
+          f"dataset.train has {len(train)} usable rows; without dataset.eval"
+          f" {num_held_out} are held out (eval.num_prompts) and at least one"
+          " must remain for training"
+      )
+    held_out = [train[i] for i in order[:num_held_out]]
+    train = [train[i] for i in order[num_held_out:]]
+  held_out = held_out[:num_held_out]
+  if not held_out:
+    raise ValueError(f"no held-out prompt rows in {section.get('eval')}")
+  columns = tuple(sorted(k for k in train[0] if k != "prompt")) if train else ()
+  held_columns = tuple(sorted(k for k in held_out[0] if k != "prompt"))
+  if train and held_columns != columns:
+    raise ValueError(
+        f"dataset.eval rows have columns {list(held_columns)}, dataset.train"
+        f" rows {list(columns)}: the reward sees both"
+    )
+  return PromptSet(
+      train=cycle_rows(train, num_train, seed=section["seed"] + 1),
+      held_out=held_out,
+      source=str(section["train"]),
+      columns=columns,
+      skipped_rows=skipped,
+  )
+
+
+def prompt_validator(tokenizer, max_prompt_length: int) -> Callable[[str], None]:
+  """Raises ValueError for prompts the tokenizer rejects or that are too long.
+
+  The count includes BOS when the tokenizer has one, as the rollout encodes.
+  """
+  bos = 1 if tokenizer.bos_id() is not None else 0
+
+  def validate(prompt: str) -> None:
+    length = len(tokenizer.encode(prompt)) + bos
+    if length > max_prompt_length:
+      raise ValueError(
+          f"prompt of {length} tokens exceeds rollout.max_prompt_length="
+          f"{max_prompt_length}"
+      )
+
+  return validate
+
+
+def prompt_batches(rows: Sequence[Row], batch_size: int) -> Iterator[dict]:
+  """Tunix RL inputs: `prompts` and one NumPy array per other column.
+
+  Non-scalar column values (lists, dicts) become object arrays, so Tunix's
+  per-generation `np.repeat` keeps one value per row.
+  """
+  columns = [k for k in (rows[0] if rows else {}) if k != "prompt"]
+  for start in range(0, len(rows) - batch_size + 1, batch_size):
+    chunk = rows[start : start + batch_size]
+    batch = {"prompts": np.array([r["prompt"] for r in chunk])}
+    for column in columns:
+      values = [r[column] for r in chunk]
+      if all(isinstance(v, (str, int, float, bool)) for v in values):
+        batch[column] = np.array(values)
+      else:
+        batch[column] = np.empty(len(values), object)
+        batch[column][:] = values
+    yield batch
+
+
+def prompt_pairs(rows: Sequence[Row]) -> list[tuple[str, str]]:
+  """(prompt, answer) strings of rows (for causal teacher training)."""
+  return [(r["prompt"], str(r["answer"])) for r in rows]
+
+
+# -----------------------------------------------------------------------------
+# Rewards.
+# -----------------------------------------------------------------------------
+
+
+def exact_match_reward(task: tasks_lib.Task | None = None) -> RewardFn:
+  """Tunix reward fn: 1.0 where the completion is exactly the answer.
+
+  With a task, its `check` decides; otherwise string equality with
+  `str(answer)`.
+  """
+
+  def exact_match(prompts, completions, answer, **unused_kwargs):
+    del unused_kwargs
+    if task is not None:
+      return [
+          float(task.check(p, c, a))
+          for p, c, a in zip(prompts, completions, answer)
+      ]
+    return [float(c == str(a)) for c, a in zip(completions, answer)]
+
+  return exact_match
+
+
+def load_reward_fn(
+    spec: str, columns: Sequence[str] | None = None
+) -> RewardFn:
+  """The user's reward function named `package.module:function`.
+
+  The module is imported from `sys.path` (the current directory is tried
+  too). With `columns`, the function must accept Tunix's call
+  `fn(prompts=..., completions=..., mode=..., **columns)`.
+
+  Args:
+    spec: `package.module:function` (the attribute may be dotted).
+    columns: Prompt-row columns passed as keyword arguments; None skips the
+      signature check (the columns are not known yet).
+
+  Raises:
+    ValueError: malformed spec, module not found, attribute missing.
+    TypeError: the attribute is not callable or cannot take Tunix's call.
+  """
+  if not isinstance(spec, str) or not REWARD_SPEC.match(spec):
+    raise ValueError(
+        f"reward must look like 'package.module:function', got {spec!r}"
+    )
+  module_name, attr_path = spec.split(":")
+  if os.getcwd() not in sys.path:
+    sys.path.append(os.getcwd())
+  try:
+    module = importlib.import_module(module_name)
+  except ModuleNotFoundError as e:
+    if e.name and module_name.startswith(e.name):
+      raise ValueError(
+          f"reward {spec!r}: module {e.name!r} not found (looked on sys.path,"
+          " PYTHONPATH and the current directory)"
+      ) from None
+    raise
+  target = module
+  for part in attr_path.split("."):
+    if not hasattr(target, part):
+      raise ValueError(
+          f"reward {spec!r}: {getattr(target, '__name__', target)!r} has no"
+          f" attribute {part!r}"
+      )
+    target = getattr(target, part)
+  if not callable(target):
+    raise TypeError(
+        f"reward {spec!r} is a {type(target).__name__}, not a function"
+    )
+  if columns is None:
+    return target
+  try:
+    signature = inspect.signature(target)
+  except (TypeError, ValueError):  # Builtins without a signature.
+    return target
+  keywords = ["prompts", "completions", "mode", *columns]
+  try:
+    signature.bind(**{k: [] for k in keywords})
+  except TypeError as e:
+    raise TypeError(
+        f"reward {spec!r}{signature} cannot take Tunix's reward call with"
+        f" keywords {keywords} ({e}); use fn(prompts, completions, **kwargs)"
+    ) from None
+  return target
+
+
+def recipe_reward(cfg, prompts: PromptSet) -> RewardFn:
+  """The recipe's `reward` function, or exact match when it is null."""
+  spec = cfg.get("reward")
+  if spec:
+    return load_reward_fn(str(spec), prompts.columns)
+  if "answer" not in prompts.columns:
+    raise ValueError(
+        "the default exact-match reward needs an answer column; set reward to"
+        " package.module:function or add answers to the prompt rows"
+    )
+  return exact_match_reward(prompts.task)
+
+
+def recipe_prompts(
+    cfg, sft_cfg, tokenizer, *, num_train: int, num_held_out: int, seed: int
+) -> PromptSet:
+  """Task rows (`dataset` null) or dataset rows, checked before compute."""
+  if cfg.get("dataset") is None:
+    prompts = task_prompts(sft_cfg, num_train, seed=seed)
+    return dataclasses.replace(prompts, held_out=prompts.held_out[:num_held_out])
+  return dataset_prompts(
+      cfg.dataset,
+      num_train=num_train,
+      num_held_out=num_held_out,
+      need_answer=not cfg.get("reward"),
+      validate_prompt=prompt_validator(
+          tokenizer, int(cfg.rollout.max_prompt_length)
+      ),
+  )
+
+
+__all__ = [
+    "PromptSet",
+    "check_dataset_section",
+    "cycle_rows",
+    "dataset_prompts",
+    "exact_match_reward",
+    "load_reward_fn",
+    "prompt_batches",
+    "prompt_pairs",
+    "prompt_validator",
+    "read_jsonl_rows",
+    "read_prompt_rows",
+    "recipe_prompts",
+    "recipe_reward",
+    "task_prompts",
+]
