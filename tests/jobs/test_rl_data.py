@@ -62,8 +62,8 @@ def test_load_reward_fn_returns_the_named_function(rewards_module):
         ("", ValueError, "package.module:function"),
         ("no_such_pkg_xyz.rewards:fn", ValueError, "not found"),
         ("{m}:missing", ValueError, "no attribute 'missing'"),
-        ("{m}:NOT_A_FUNCTION", TypeError, "not a function"),
-        ("{m}:too_narrow", TypeError, "cannot take Tunix's reward call"),
+        ("{m}:NOT_A_FUNCTION", ValueError, "not a function"),
+        ("{m}:too_narrow", ValueError, "cannot take Tunix's reward call"),
     ],
 )
 def test_load_reward_fn_rejects_bad_specs(rewards_module, spec, error, match):
@@ -145,8 +145,14 @@ def test_dataset_section_errors(section, match):
 
 
 def test_missing_files_and_too_few_rows_are_errors(tmp_path):
-  with pytest.raises(FileNotFoundError, match="no files match"):
-    list(rl_data.read_jsonl_rows(str(tmp_path / "none*.jsonl")))
+  with pytest.raises(FileNotFoundError, match="does not exist"):
+    rl_data.dataset_prompts(
+        omegaconf.OmegaConf.create({"train": str(tmp_path / "none.jsonl")}),
+        num_train=1,
+        num_held_out=1,
+        need_answer=True,
+        validate_prompt=_no_check,
+    )
   train = _write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "answer": "b"}])
   with pytest.raises(ValueError, match="held out"):
     rl_data.dataset_prompts(
@@ -169,8 +175,7 @@ def test_prompt_validator_counts_bos():
 
 def test_prompt_batches_keep_one_value_per_row():
   rows = [
-      {"prompt": f"p{i}", "answer": str(i), "meta": {"id": i}}
-      for i in range(5)
+      {"prompt": f"p{i}", "answer": str(i), "meta": {"id": i}} for i in range(5)
   ]
   batches = list(rl_data.prompt_batches(rows, 2))
   assert len(batches) == 2  # The partial last batch is dropped.
@@ -196,7 +201,9 @@ def test_cycle_rows_passes_over_every_row_each_epoch(num_rows, num, seed):
 
 def test_recipe_reward_defaults_to_exact_match_and_needs_answers():
   prompts = rl_data.PromptSet(
-      train=[{"prompt": "p"}], held_out=[{"prompt": "p"}], source="x",
+      train=[{"prompt": "p"}],
+      held_out=[{"prompt": "p"}],
+      source="x",
       columns=(),
   )
   cfg = omegaconf.OmegaConf.create({"reward": None})

@@ -187,9 +187,7 @@ def run(cfg) -> dict[str, Any]:
   start = evaluate()
   rl_clock = common.Stopwatch()
   with mesh:
-    learner.train(
-        list(rl_data.prompt_batches(prompts.train, prompts_per_step))
-    )
+    learner.train(list(rl_data.prompt_batches(prompts.train, prompts_per_step)))
   rl_seconds = rl_clock()
   end = evaluate()
   per_step = prompts_per_step * int(grpo_cfg.num_generations)

@@ -18,19 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import glob
 import importlib
 import inspect
-import json
 import os
-import pathlib
 import re
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
+from tunix_blockdiff.data import sources as sources_lib
 from tunix_blockdiff.jobs import common
 
 Row = dict[str, Any]
@@ -96,7 +95,7 @@ def task_prompts(sft_cfg, num_train: int, seed: int) -> PromptSet:
   candidates = task.sample(2 * num_train + 256, seed=seed)
   train = [pair for pair in candidates if pair[0] not in held_out_prompts]
   if len(train) < num_train:
-    raise ValueError(
+    raise errors.UsageError(
         f"task {task.name!r} yields only {len(train)} training prompts outside"
         f" the held-out set; {num_train} are needed"
     )
@@ -114,52 +113,29 @@ def check_dataset_section(dataset_cfg) -> dict[str, Any]:
   section = dict(common.to_dict(dataset_cfg))
   unknown = sorted(set(section) - set(DATASET_KEYS))
   if unknown:
-    raise ValueError(
+    raise errors.UsageError(
         f"unknown dataset keys {unknown}; allowed: {list(DATASET_KEYS)}"
     )
   if not section.get("train"):
-    raise ValueError("dataset.train must name the prompt file(s) (path or glob)")
+    raise errors.UsageError(
+        "dataset.train must name the prompt file(s) (path or glob)"
+    )
   fields = dict(section.get("fields") or {})
   unknown = sorted(set(fields) - set(FIELD_KEYS))
   if unknown:
-    raise ValueError(
+    raise errors.UsageError(
         f"unknown dataset.fields keys {unknown}; allowed: {list(FIELD_KEYS)}"
     )
   section["fields"] = {"prompt": "prompt", "answer": "answer", **fields}
   section.setdefault("format", "auto")
   section["bad_rows"] = section.get("bad_rows") or "skip"
   if section["bad_rows"] not in BAD_ROWS:
-    raise ValueError(
+    raise errors.UsageError(
         f"dataset.bad_rows must be one of {BAD_ROWS}, got"
         f" {section['bad_rows']!r}"
     )
   section["seed"] = int(section.get("seed") or 0)
   return section
-
-
-def read_jsonl_rows(
-    paths_or_glob: str, *, file_format: str = "auto"
-) -> Iterator[tuple[str, Row]]:
-  """(`file:line`, row) of every JSON-object line in the matching files."""
-  if file_format not in ("auto", "jsonl"):
-    raise ValueError(
-        f"dataset.format {file_format!r} is not readable here; use jsonl"
-    )
-  paths = sorted(glob.glob(os.path.expanduser(paths_or_glob)))
-  if not paths:
-    raise FileNotFoundError(f"no files match {paths_or_glob!r}")
-  for path in paths:
-    with pathlib.Path(path).open(encoding="utf-8") as f:
-      for number, line in enumerate(f, 1):
-        if not line.strip():
-          continue
-        try:
-          row = json.loads(line)
-        except json.JSONDecodeError as e:
-          raise ValueError(f"{path}:{number}: not JSON: {e}") from None
-        if not isinstance(row, dict):
-          raise ValueError(f"{path}:{number}: not a JSON object")
-        yield f"{path}:{number}", row
 
 
 def read_prompt_rows(
@@ -171,7 +147,7 @@ def read_prompt_rows(
     validate_prompt: Callable[[str], None],
     bad_rows: str,
 ) -> tuple[list[Row], int]:
-  """(rows, number skipped) read from jsonl files.
+  """(rows, number skipped) read with `data.sources.read_rows`.
 
   Each row becomes `{"prompt": row[fields.prompt], "answer":
   row[fields.answer], <other keys>}`. A row is bad when its prompt is not a
@@ -182,33 +158,35 @@ def read_prompt_rows(
   """
   rows, skipped, columns = [], 0, None
   prompt_key, answer_key = fields["prompt"], fields["answer"]
-  for location, raw in read_jsonl_rows(
-      paths_or_glob, file_format=file_format
-  ):
+  rows_in = sources_lib.read_rows(paths_or_glob, format=file_format)
+  for location, raw in rows_in:
+    if not isinstance(raw, dict):
+      raw = {"": raw}  # Reported as a missing prompt below.
     row = {k: v for k, v in raw.items() if k not in (prompt_key, answer_key)}
+    row.pop("", None)
     row["prompt"] = raw.get(prompt_key)
     if answer_key in raw:
       row["answer"] = raw[answer_key]
     try:
       if not isinstance(row["prompt"], str) or not row["prompt"]:
-        raise ValueError(
+        raise errors.UsageError(
             f"field {prompt_key!r} must be a non-empty string, got"
             f" {row['prompt']!r}"
         )
       validate_prompt(row["prompt"])
       if need_answer and "answer" not in row:
-        raise ValueError(
+        raise errors.UsageError(
             f"field {answer_key!r} is missing (the default exact-match reward"
             " needs it)"
         )
       keys = tuple(sorted(k for k in row if k != "prompt"))
       if columns is not None and keys != columns:
-        raise ValueError(
+        raise errors.UsageError(
             f"row has columns {list(keys)}, earlier rows {list(columns)}"
         )
     except ValueError as e:
       if bad_rows == "error":
-        raise ValueError(f"{location}: bad prompt row: {e}") from None
+        raise errors.UsageError(f"{location}: bad prompt row: {e}") from None
       skipped += 1
       if skipped <= MAX_REPORTED_BAD_ROWS:
         print(f"skipping bad prompt row {location}: {e}", file=sys.stderr)
@@ -223,7 +201,7 @@ def read_prompt_rows(
 def cycle_rows(rows: Sequence[Row], num: int, seed: int) -> list[Row]:
   """`num` rows: passes over `rows`, each in a fresh seeded order."""
   if not rows:
-    raise ValueError("no training prompt rows")
+    raise errors.UsageError("no training prompt rows")
   rng = np.random.default_rng(seed)
   out: list[Row] = []
   while len(out) < num:
@@ -264,7 +242,7 @@ def dataset_prompts(
   else:
     order = np.random.default_rng(section["seed"]).permutation(len(train))
     if len(train) <= num_held_out:
-      raise ValueError(
+      raise errors.UsageError(
           f"dataset.train has {len(train)} usable rows; without dataset.eval"
           f" {num_held_out} are held out (eval.num_prompts) and at least one"
           " must remain for training"
@@ -273,11 +251,11 @@ def dataset_prompts(
     train = [train[i] for i in order[num_held_out:]]
   held_out = held_out[:num_held_out]
   if not held_out:
-    raise ValueError(f"no held-out prompt rows in {section.get('eval')}")
+    raise errors.UsageError(f"no held-out prompt rows in {section.get('eval')}")
   columns = tuple(sorted(k for k in train[0] if k != "prompt")) if train else ()
   held_columns = tuple(sorted(k for k in held_out[0] if k != "prompt"))
   if train and held_columns != columns:
-    raise ValueError(
+    raise errors.UsageError(
         f"dataset.eval rows have columns {list(held_columns)}, dataset.train"
         f" rows {list(columns)}: the reward sees both"
     )
@@ -290,7 +268,9 @@ def dataset_prompts(
   )
 
 
-def prompt_validator(tokenizer, max_prompt_length: int) -> Callable[[str], None]:
+def prompt_validator(
+    tokenizer, max_prompt_length: int
+) -> Callable[[str], None]:
   """Raises ValueError for prompts the tokenizer rejects or that are too long.
 
   The count includes BOS when the tokenizer has one, as the rollout encodes.
@@ -300,7 +280,7 @@ def prompt_validator(tokenizer, max_prompt_length: int) -> Callable[[str], None]
   def validate(prompt: str) -> None:
     length = len(tokenizer.encode(prompt)) + bos
     if length > max_prompt_length:
-      raise ValueError(
+      raise errors.UsageError(
           f"prompt of {length} tokens exceeds rollout.max_prompt_length="
           f"{max_prompt_length}"
       )
@@ -357,9 +337,7 @@ def exact_match_reward(task: tasks_lib.Task | None = None) -> RewardFn:
   return exact_match
 
 
-def load_reward_fn(
-    spec: str, columns: Sequence[str] | None = None
-) -> RewardFn:
+def load_reward_fn(spec: str, columns: Sequence[str] | None = None) -> RewardFn:
   """The user's reward function named `package.module:function`.
 
   The module is imported from `sys.path` (the current directory is tried
@@ -372,11 +350,11 @@ def load_reward_fn(
       signature check (the columns are not known yet).
 
   Raises:
-    ValueError: malformed spec, module not found, attribute missing.
-    TypeError: the attribute is not callable or cannot take Tunix's call.
+    errors.UsageError (a ValueError): malformed spec, module not found,
+      attribute missing, not callable, or cannot take Tunix's call.
   """
   if not isinstance(spec, str) or not REWARD_SPEC.match(spec):
-    raise ValueError(
+    raise errors.UsageError(
         f"reward must look like 'package.module:function', got {spec!r}"
     )
   module_name, attr_path = spec.split(":")
@@ -386,7 +364,7 @@ def load_reward_fn(
     module = importlib.import_module(module_name)
   except ModuleNotFoundError as e:
     if e.name and module_name.startswith(e.name):
-      raise ValueError(
+      raise errors.UsageError(
           f"reward {spec!r}: module {e.name!r} not found (looked on sys.path,"
           " PYTHONPATH and the current directory)"
       ) from None
@@ -394,13 +372,13 @@ def load_reward_fn(
   target = module
   for part in attr_path.split("."):
     if not hasattr(target, part):
-      raise ValueError(
+      raise errors.UsageError(
           f"reward {spec!r}: {getattr(target, '__name__', target)!r} has no"
           f" attribute {part!r}"
       )
     target = getattr(target, part)
   if not callable(target):
-    raise TypeError(
+    raise errors.UsageError(
         f"reward {spec!r} is a {type(target).__name__}, not a function"
     )
   if columns is None:
@@ -413,7 +391,7 @@ def load_reward_fn(
   try:
     signature.bind(**{k: [] for k in keywords})
   except TypeError as e:
-    raise TypeError(
+    raise errors.UsageError(
         f"reward {spec!r}{signature} cannot take Tunix's reward call with"
         f" keywords {keywords} ({e}); use fn(prompts, completions, **kwargs)"
     ) from None
@@ -426,7 +404,7 @@ def recipe_reward(cfg, prompts: PromptSet) -> RewardFn:
   if spec:
     return load_reward_fn(str(spec), prompts.columns)
   if "answer" not in prompts.columns:
-    raise ValueError(
+    raise errors.UsageError(
         "the default exact-match reward needs an answer column; set reward to"
         " package.module:function or add answers to the prompt rows"
     )
@@ -439,7 +417,9 @@ def recipe_prompts(
   """Task rows (`dataset` null) or dataset rows, checked before compute."""
   if cfg.get("dataset") is None:
     prompts = task_prompts(sft_cfg, num_train, seed=seed)
-    return dataclasses.replace(prompts, held_out=prompts.held_out[:num_held_out])
+    return dataclasses.replace(
+        prompts, held_out=prompts.held_out[:num_held_out]
+    )
   return dataset_prompts(
       cfg.dataset,
       num_train=num_train,
@@ -461,7 +441,6 @@ __all__ = [
     "prompt_batches",
     "prompt_pairs",
     "prompt_validator",
-    "read_jsonl_rows",
     "read_prompt_rows",
     "recipe_prompts",
     "recipe_reward",
