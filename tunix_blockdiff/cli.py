@@ -9,12 +9,15 @@ from __future__ import annotations
 import importlib
 import sys
 
+from tunix_blockdiff import errors
+
 COMMANDS = {
     "sft": "block-diffusion SFT (default: the embedded tiny recipe)",
     "generate": "generate from a checkpoint and render the denoising trajectory",
     "rl": "GRPO with the block-diffusion rollout",
     "opd": "on-policy distillation into a block-diffusion student",
     "bench": "run a benchmark script from benchmarks/",
+    "launch": "run N local processes of a command as one JAX distributed job",
 }
 
 USAGE = "usage: tunix-blockdiff {%s} [RECIPE.yaml] [key=value ...]\n\n%s" % (
@@ -33,7 +36,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
   module = importlib.import_module(f"tunix_blockdiff.jobs.{command}")
-  result = module.main(rest)
+  try:
+    result = module.main(rest)
+  except errors.UsageError as e:
+    # A recipe, argument or data error: one line, no traceback. Any other
+    # exception is an internal failure and keeps its traceback.
+    print(
+        f"tunix-blockdiff {command}: error: {errors.one_line(e)}",
+        file=sys.stderr,
+    )
+    return 2
   return int(result or 0)
 
 

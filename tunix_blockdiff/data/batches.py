@@ -65,6 +65,12 @@ class SFTBatches:
   Deterministic given `data_config.seed`, so a trainer that resumes by
   skipping the batches it already consumed sees exactly the data (order and
   corruption) an uninterrupted run sees.
+
+  With several processes, `rows=(lo, hi)` makes each batch only the rows
+  [lo, hi) of the global batch (`distributed.process_rows`): unpacked, a
+  process then reads and corrupts only its own documents; packed, every
+  process packs the global batch (first fit needs all its documents) and
+  keeps its rows.
   """
 
   def __init__(
@@ -72,7 +78,17 @@ class SFTBatches:
       examples: Sequence[Example],
       diffusion_config: config_lib.BlockDiffusionConfig,
       data_config: DataConfig,
+      *,
+      rows: tuple[int, int] | None = None,
   ):
+    if rows is not None and not (
+        0 <= rows[0] < rows[1] <= data_config.batch_size
+    ):
+      raise ValueError(
+          f"rows must be (lo, hi) with 0 <= lo < hi <= batch_size="
+          f"{data_config.batch_size}, got {rows}"
+      )
+    self.rows = (0, data_config.batch_size) if rows is None else tuple(rows)
     if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
       raise TypeError(
           "diffusion_config must be a BlockDiffusionConfig, got"
@@ -109,8 +125,9 @@ class SFTBatches:
     # Indexing the MapDataset (rather than its threaded iterator) keeps the
     # pipeline free of background work the trainer may never consume.
     for start in range(0, len(self.documents) - batch_size + 1, batch_size):
+      lo, hi = self.rows
       yield self._finish(
-          [[self.documents[i]] for i in range(start, start + batch_size)]
+          [[self.documents[i]] for i in range(start + lo, start + hi)]
       )
 
   def _packed(self) -> Iterator[dict[str, np.ndarray]]:
@@ -133,7 +150,7 @@ class SFTBatches:
           None,
       )
       if row is None:
-        yield self._finish(rows)
+        yield self._finish(rows[self.rows[0] : self.rows[1]])
         rows = [[] for _ in range(cfg.batch_size)]
         ends = [0] * cfg.batch_size
         row = 0

@@ -128,7 +128,11 @@ def _check_generate_inputs(
     )
   if config.temperature > 0 and rng is None:
     raise ValueError("rng (a PRNG key) is required when config.temperature > 0")
-  if not isinstance(prompt_lengths, jax.core.Tracer):
+  # Checked on the host when the host holds them all (not under tracing,
+  # nor for a global array spanning processes).
+  if not isinstance(prompt_lengths, jax.core.Tracer) and (
+      prompt_lengths.is_fully_addressable
+  ):
     lengths = np.asarray(prompt_lengths)
     minimum = 1 if config.alignment == "shifted" else 0
     if np.any(lengths < minimum) or np.any(lengths > prompt_tokens.shape[1]):
