@@ -186,3 +186,27 @@ def test_all_lists_section_four_names():
 def test_unknown_attribute_raises_attribute_error():
   with pytest.raises(AttributeError, match=r"no attribute 'not_a_name'"):
     tbd.not_a_name  # pylint: disable=pointless-statement
+
+
+def test_upstream_names_follow_tunix_signatures():
+  from tunix_blockdiff import compat
+  from tunix_blockdiff import upstream
+
+  assert tbd.configure_diffusion_sft is upstream.configure_diffusion_sft
+  assert tbd.diffusion_loss_fn is upstream.diffusion_loss_fn
+  assert tbd.BlockDiffusionBatchAdapter is upstream.BlockDiffusionBatchAdapter
+  assert tbd.BlockDiffusionLogitsFn is upstream.BlockDiffusionLogitsFn
+  assert tbd.compute_diffusion_logits is compat.compute_diffusion_logits
+  assert tbd.DiffusionBatchAdapter is compat.DiffusionBatchAdapter
+  assert tbd.DiffusionLogitsFn is compat.DiffusionLogitsFn
+  # Tunix #1891's argument order; our extra option is keyword-only.
+  params = _params(tbd.diffusion_loss_fn)
+  assert list(params)[:3] == ["model", "batch", "logits_fn"]
+  params = _params(tbd.configure_diffusion_sft)
+  assert list(params)[:3] == ["trainer", "batch_adapter", "logits_fn"]
+  assert params["denominator"].kind == _KW
+  assert list(_params(tbd.compute_diffusion_logits)) == [
+      "model",
+      "batch",
+      "logits_fn",
+  ]

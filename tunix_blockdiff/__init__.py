@@ -15,6 +15,9 @@ from tunix_blockdiff.attention.context_parallel import reorder_for_context_paral
 from tunix_blockdiff.attention.context_parallel import restore_from_context_parallel
 from tunix_blockdiff.attention.masks import block_causal_mask
 from tunix_blockdiff.attention.masks import two_stream_mask
+from tunix_blockdiff.compat import compute_diffusion_logits
+from tunix_blockdiff.compat import DiffusionBatchAdapter
+from tunix_blockdiff.compat import DiffusionLogitsFn
 from tunix_blockdiff.compat import DiffusionTokenBatch
 from tunix_blockdiff.compat import LossOutput
 from tunix_blockdiff.compat import WeightedMetric
@@ -39,6 +42,10 @@ _LAZY = {
     "BlockDiffusionTrainer": ("tunix_blockdiff.trainer", "BlockDiffusionTrainer"),
     "BlockDiffusionRollout": ("tunix_blockdiff.rollout.engine", "BlockDiffusionRollout"),
     "register": ("tunix_blockdiff.registration", "register"),
+    "BlockDiffusionBatchAdapter": ("tunix_blockdiff.upstream", "BlockDiffusionBatchAdapter"),
+    "BlockDiffusionLogitsFn": ("tunix_blockdiff.upstream", "BlockDiffusionLogitsFn"),
+    "configure_diffusion_sft": ("tunix_blockdiff.upstream", "configure_diffusion_sft"),
+    "diffusion_loss_fn": ("tunix_blockdiff.upstream", "diffusion_loss_fn"),
 }
 
 
@@ -52,12 +59,16 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "BlockDiffusionBatchAdapter",
     "BlockDiffusionConfig",
+    "BlockDiffusionLogitsFn",
     "BlockDiffusionRollout",
     "BlockDiffusionTrainer",
     "CorruptionResult",
     "DenoiseConfig",
     "DenoiseResult",
+    "DiffusionBatchAdapter",
+    "DiffusionLogitsFn",
     "DiffusionTokenBatch",
     "LossOutput",
     "WeightedMetric",
@@ -65,9 +76,12 @@ __all__ = [
     "block_causal_mask",
     "block_diffusion_logits",
     "build_two_stream_inputs",
+    "compute_diffusion_logits",
+    "configure_diffusion_sft",
     "corrupt",
     "denoise",
     "diffusion_loss",
+    "diffusion_loss_fn",
     "generate",
     "load_balance_order",
     "make_logits_fn",
