@@ -27,3 +27,59 @@ def test_bench_runs_a_script(tmp_path, monkeypatch, capsys):
   monkeypatch.setattr(bench, "BENCHMARKS_DIR", tmp_path)
   assert cli.main(["bench", "hello", "--x", "1"]) == 0
   assert "args ['--x', '1']" in capsys.readouterr().out
+
+
+def _usage_error(capsys, argv):
+  """Runs the CLI; asserts a one-line error with status 2; returns it."""
+  assert cli.main(argv) == 2
+  captured = capsys.readouterr()
+  assert "Traceback" not in captured.err
+  assert captured.err.count("\n") == 1, captured.err
+  assert captured.err.startswith(f"tunix-blockdiff {argv[0]}: error: ")
+  return captured.err
+
+
+def test_recipe_errors_are_one_line_naming_key_value_and_rule(tmp_path, capsys):
+  out = f"output_dir={tmp_path}"
+  err = _usage_error(capsys, ["sft", out, "training.max_steps=abc"])
+  assert "training.max_steps=abc" in err and "must be an int" in err
+  err = _usage_error(capsys, ["sft", out, "training.max_step=3"])
+  assert "'training.max_step'" in err
+  assert "did you mean 'training.max_steps'" in err
+  err = _usage_error(capsys, ["sft", out, "diffusion.block_size=0"])
+  assert "diffusion" in err and "block_size must be >= 1, got 0" in err
+  err = _usage_error(capsys, ["sft", "nope.yaml"])
+  assert "nope.yaml" in err and "tiny.yaml" in err
+  err = _usage_error(capsys, ["sft", out, "dataset.trian=x.jsonl"])
+  assert "did you mean 'train'" in err
+  err = _usage_error(capsys, ["generate", str(tmp_path / "nonexistent")])
+  assert "nonexistent" in err and "output_dir of a" in err
+
+
+def test_a_bad_data_row_names_its_file_and_line(tmp_path, capsys):
+  data = tmp_path / "train.jsonl"
+  data.write_text('{"prompt": "12", "completion": "21"}\n{"prompt": "1"}\n')
+  err = _usage_error(
+      capsys,
+      [
+          "sft",
+          f"output_dir={tmp_path / 'run'}",
+          f"dataset.train={data}",
+          "dataset.bad_rows=error",
+          "model.num_layers=1",
+      ],
+  )
+  assert f"{data}:2: missing field 'completion'" in err
+
+
+def test_internal_failures_keep_their_traceback(monkeypatch):
+  import pytest
+
+  from tunix_blockdiff.jobs import sft
+
+  def broken(cfg):
+    raise ValueError("an internal bug, not a usage error")
+
+  monkeypatch.setattr(sft, "run", broken)
+  with pytest.raises(ValueError, match="internal bug"):
+    cli.main(["sft", "training.max_steps=1"])

@@ -7,6 +7,7 @@ from a Tunix Qwen3 by `hf_export.save_qwen3_hf`, then loads it through
 `qwen3_0p6b.yaml` recipe of the sft job, with the recipe's LoRA.
 """
 
+import importlib.util
 import json
 import pathlib
 
@@ -21,6 +22,7 @@ from tunix_blockdiff import checkpoints
 from tunix_blockdiff import hf_export
 from tunix_blockdiff import tiny_models
 
+_TESTS = pathlib.Path(__file__).resolve().parent
 VOCAB = 64
 LAYERS, EMBED, HIDDEN, HEADS, HEAD_DIM, KV_HEADS = 2, 32, 64, 4, 8, 2
 
@@ -117,17 +119,25 @@ def test_real_model_recipe_runs_on_a_tiny_checkpoint_with_lora(tmp_path):
 
   ckpt = tmp_path / "hf"
   write_tiny_hf_checkpoint(ckpt, tied=True)
+  # A tiny character-level HF tokenizer with a chat template, beside the
+  # weights, renders the recipe's {"messages"} rows.
+  spec = importlib.util.spec_from_file_location(
+      "tests_data_hf_tokenizer", _TESTS / "data" / "hf_tokenizer.py"
+  )
+  hf_tokenizer = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(hf_tokenizer)
+  assert hf_tokenizer.write_tiny_hf_tokenizer(ckpt) < VOCAB
+  chat = _TESTS / "data" / "chat_tiny.jsonl"
   cfg = common.load_recipe([
       "qwen3_0p6b.yaml",
       f"model.path={ckpt}",
       f"output_dir={tmp_path / 'run'}",
-      # The tiny checkpoint has no HF tokenizer files: the in-code one.
-      "tokenizer.kind=char",
-      "diffusion.mask_token_id=3",
-      "task.num_train=64",
-      "task.num_eval=8",
+      f"dataset.train={chat}",
+      f"dataset.eval={chat}",
+      "dataset.num_eval=4",
+      f"diffusion.mask_token_id={VOCAB - 1}",
       "data.batch_size=4",
-      "data.seq_len=32",
+      "data.seq_len=96",
       "training.max_steps=2",
       "training.eval_every_n_steps=2",
       "eval.batch_size=8",
@@ -142,6 +152,9 @@ def test_real_model_recipe_runs_on_a_tiny_checkpoint_with_lora(tmp_path):
       summary["eval_loss"]
   )
   assert 0.0 <= summary["eval_exact_match"] <= 1.0
+  assert 0.0 <= summary["eval_edit_similarity"] <= 1.0
+  assert summary["train_examples"] == 12 and summary["eval_examples"] == 4
+  assert summary["bad_rows"]["train"]["skipped"] == 0  # all fit in 96
   assert summary["num_lora_params"] > 0
   assert (tmp_path / "run" / "summary.json").is_file()
   assert any((tmp_path / "run" / "checkpoints").iterdir())

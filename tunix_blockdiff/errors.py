@@ -16,6 +16,10 @@ class UsageError(ValueError):
   """A recipe, argument or data error; the message says what is allowed."""
 
 
+class MissingFileError(UsageError, FileNotFoundError):
+  """A file or directory the user named does not exist."""
+
+
 def nearest(name: str, valid: Iterable[str]) -> str:
   """`; did you mean 'x'?` for the closest valid name, or ``."""
   match = difflib.get_close_matches(name, list(valid), n=1, cutoff=0.6)
@@ -27,4 +31,4 @@ def one_line(message: str) -> str:
   return " ".join(str(message).split())
 
 
-__all__ = ["UsageError", "nearest", "one_line"]
+__all__ = ["MissingFileError", "UsageError", "nearest", "one_line"]

@@ -85,13 +85,16 @@ def test_generate_custom_prompts(run_dir):
   assert (out / "custom.png").is_file()
 
 
-def test_generate_errors(run_dir, tmp_path):
+def test_generate_errors(run_dir, tmp_path, capsys):
   out, _, _ = run_dir
-  with pytest.raises(ValueError, match="usage"):
-    cli.main(["generate"])
-  with pytest.raises(FileNotFoundError, match="recipe.yaml"):
-    cli.main(["generate", str(tmp_path)])
-  with pytest.raises(ValueError, match="unknown generate option"):
-    cli.main(["generate", str(out), "thresold=0.5"])
-  with pytest.raises(ValueError, match="max_new_tokens is required"):
-    cli.main(["generate", str(out), 'prompts=["rev 1>"]'])
+  # Usage errors: one line on stderr, exit status 2, no traceback.
+  for argv, message in [
+      (["generate"], "usage"),
+      (["generate", str(tmp_path)], "recipe.yaml not found"),
+      (["generate", str(out), "thresold=0.5"], "did you mean 'threshold'"),
+      (["generate", str(out), 'prompts=["rev 1>"]'], "max_new_tokens is"),
+  ]:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tunix-blockdiff generate: error: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err

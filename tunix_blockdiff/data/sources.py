@@ -42,7 +42,7 @@ def resolve_paths(paths: str | os.PathLike | Sequence[Any]) -> list[str]:
   """Files named by a path, a glob, or a list of them (sorted per glob).
 
   Raises:
-    UsageError: A path or glob names nothing.
+    MissingFileError: A path or glob names nothing.
   """
   if isinstance(paths, (str, os.PathLike)):
     paths = [paths]
@@ -52,7 +52,9 @@ def resolve_paths(paths: str | os.PathLike | Sequence[Any]) -> list[str]:
     matches = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else []
     if not matches:
       if not os.path.exists(pattern):
-        raise errors.UsageError(f"dataset path {pattern!r} does not exist")
+        raise errors.MissingFileError(
+            f"dataset path {pattern!r} does not exist"
+        )
       matches = [pattern]
     resolved.extend(matches)
   return resolved

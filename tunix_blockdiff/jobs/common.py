@@ -27,9 +27,11 @@ import jax.numpy as jnp
 import numpy as np
 import omegaconf
 import optax
+import yaml
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff import errors
 from tunix_blockdiff import models as models_lib
 from tunix_blockdiff import tasks as tasks_lib
 
@@ -50,7 +52,7 @@ def recipe_path(name: str) -> pathlib.Path:
   if bundled.is_file():
     return bundled
   available = sorted(p.name for p in RECIPES_DIR.glob("*.yaml"))
-  raise FileNotFoundError(
+  raise errors.MissingFileError(
       f"recipe {name!r} is neither a file nor a bundled recipe {available}"
   )
 
@@ -65,7 +67,7 @@ def split_argv(
     recipe = argv.pop(0)
   bad = [arg for arg in argv if "=" not in arg or arg.startswith("=")]
   if bad:
-    raise ValueError(
+    raise errors.UsageError(
         f"overrides must look like key=value, got {bad}; usage:"
         " [RECIPE.yaml] [key=value ...]"
     )
@@ -83,18 +85,72 @@ def load_recipe(
 
   Returns:
     A resolved, struct-mode `DictConfig` (unknown keys raise).
+
+  Raises:
+    UsageError: A missing recipe, a malformed override, an unknown key (the
+      nearest valid key is suggested), or a value whose type differs from
+      the recipe's (`training.max_steps=abc`).
   """
   recipe, overrides = split_argv(argv, default_recipe)
-  cfg = omegaconf.OmegaConf.load(recipe_path(recipe))
-  omegaconf.OmegaConf.set_struct(cfg, True)
+  base = omegaconf.OmegaConf.load(recipe_path(recipe))
+  omegaconf.OmegaConf.set_struct(base, True)
   try:
     cfg = omegaconf.OmegaConf.merge(
-        cfg, omegaconf.OmegaConf.from_dotlist(overrides)
+        base, omegaconf.OmegaConf.from_dotlist(overrides)
     )
   except omegaconf.errors.ConfigKeyError as e:
-    raise ValueError(f"unknown recipe key in overrides: {e}") from None
+    key = str(getattr(e, "full_key", "") or e)
+    raise errors.UsageError(
+        f"unknown recipe key {key!r}" + errors.nearest(key, _dotted_keys(base))
+    ) from None
+  except (omegaconf.errors.OmegaConfBaseException, yaml.YAMLError) as e:
+    # A malformed override value.
+    raise errors.UsageError(
+        f"cannot parse the overrides {overrides}: {errors.one_line(e)}"
+    ) from None
+  for override in overrides:
+    _check_override_type(base, cfg, override)
   omegaconf.OmegaConf.resolve(cfg)
   return cfg
+
+
+def _dotted_keys(cfg, prefix: str = "") -> list[str]:
+  """Every key of a recipe, dotted (`training.max_steps`)."""
+  keys = []
+  for key, value in cfg.items():
+    name = f"{prefix}{key}"
+    keys.append(name)
+    if isinstance(value, omegaconf.DictConfig):
+      keys.extend(_dotted_keys(value, name + "."))
+  return keys
+
+
+_KINDS = (
+    (bool, (bool,), "true or false"),
+    (int, (int,), "an int"),
+    (float, (int, float), "a number"),
+    (list, (list,), "a list [a, b, ...]"),
+)
+
+
+def _check_override_type(base, cfg, override: str) -> None:
+  """A `key=value` override must keep the recipe value's type."""
+  key, raw = override.split("=", 1)
+  key = key.lstrip("+~")
+  before = omegaconf.OmegaConf.select(base, key, default=None)
+  after = to_dict(omegaconf.OmegaConf.select(cfg, key, default=None))
+  before = to_dict(before)
+  for kind, allowed, words in _KINDS:
+    if isinstance(before, kind):
+      ok = isinstance(after, allowed) and not (
+          kind is not bool and isinstance(after, bool)
+      )
+      if not ok:
+        raise errors.UsageError(
+            f"{key}={raw} is not valid: {key} must be {words} (the recipe has"
+            f" {before!r})"
+        )
+      return
 
 
 def to_dict(cfg: Any) -> Any:
@@ -371,7 +427,11 @@ def make_optimizer(training_cfg) -> optax.GradientTransformation:
 
 
 def diffusion_config_from(cfg) -> config_lib.BlockDiffusionConfig:
-  return config_lib.BlockDiffusionConfig(**to_dict(cfg))
+  """The recipe's `diffusion` section; a bad value is a `UsageError`."""
+  try:
+    return config_lib.BlockDiffusionConfig(**to_dict(cfg))
+  except (TypeError, ValueError) as e:
+    raise errors.UsageError(f"recipe section diffusion: {e}") from None
 
 
 # Generation evaluation.
@@ -390,6 +450,9 @@ class GenerationEval:
       finishes, so its calls are its last commit step + 1.
     completions: Decoded completions, in example order.
     seconds: Wall time of the generation (including compilation).
+    tokens: int32 [N, T] generated tokens, in example order.
+    commit_step: int32 [N, T] step that committed each token (-1: never).
+    prompt_lengths: int32 [N] prompt lengths (position of the first slot).
   """
 
   threshold: float
@@ -397,6 +460,9 @@ class GenerationEval:
   tokens_per_step: float
   completions: tuple[str, ...]
   seconds: float
+  tokens: np.ndarray | None = None
+  commit_step: np.ndarray | None = None
+  prompt_lengths: np.ndarray | None = None
 
   def row(self) -> dict[str, float]:
     return {
@@ -429,6 +495,7 @@ def evaluate_generation(
   prompts, lengths = data_lib.left_padded_prompts(examples, tokenizer.pad_id())
   num = len(examples)
   completions, tokens_committed, calls = [], 0, 0
+  all_tokens, all_steps = [], []
   for start in range(0, num, batch_size):
     index = np.minimum(np.arange(start, start + batch_size), num - 1)
     result = cached.generate(
@@ -443,6 +510,8 @@ def evaluate_generation(
     commit_step = np.asarray(result.commit_step)
     trace_step = np.asarray(result.trace_commit_step)
     real = min(batch_size, num - start)
+    all_tokens.append(tokens[:real])
+    all_steps.append(commit_step[:real])
     for b in range(real):
       completions.append(tokenizer.decode(tokens[b]))
       tokens_committed += int(np.sum(commit_step[b] >= 0))
@@ -457,6 +526,9 @@ def evaluate_generation(
       tokens_per_step=tokens_committed / max(calls, 1),
       completions=tuple(completions),
       seconds=clock(),
+      tokens=np.concatenate(all_tokens),
+      commit_step=np.concatenate(all_steps),
+      prompt_lengths=lengths,
   )
 
 

@@ -31,8 +31,10 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import checkpoints
 from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import sft_data
 
 DEFAULTS = {
     "prompts": None,
@@ -52,13 +54,13 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
   """(run_dir, options) from `RUN_DIR [key=value ...]`."""
   argv = list(argv)
   if not argv or "=" in argv[0]:
-    raise ValueError(
+    raise errors.UsageError(
         "usage: tunix-blockdiff generate RUN_DIR [key=value ...]; RUN_DIR is"
         " the output_dir of a `tunix-blockdiff sft` run"
     )
   run_dir = pathlib.Path(argv.pop(0)).expanduser().resolve()
   if not (run_dir / common.RECIPE_FILE).is_file():
-    raise FileNotFoundError(
+    raise errors.MissingFileError(
         f"{run_dir / common.RECIPE_FILE} not found: RUN_DIR must be the"
         " output_dir of a `tunix-blockdiff sft` run"
     )
@@ -69,8 +71,11 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
         options, omegaconf.OmegaConf.from_dotlist(argv)
     )
   except omegaconf.errors.ConfigKeyError as e:
-    raise ValueError(
-        f"unknown generate option: {e}; known: {sorted(DEFAULTS)}"
+    key = str(getattr(e, "full_key", "") or e)
+    raise errors.UsageError(
+        f"unknown generate option {key!r}"
+        + errors.nearest(key, DEFAULTS)
+        + f"; known: {sorted(DEFAULTS)}"
     ) from None
   return run_dir, options
 
@@ -105,25 +110,34 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
   diffusion = common.diffusion_config_from(cfg.diffusion)
   model, step = load_trained_model(run_dir, cfg)
 
-  task = None
+  task, encoded = None, None
   if options.prompts is None:
-    task_data = common.build_task_data(
-        cfg.task,
+    # The run's held-out data: its task, or its dataset's eval split.
+    run_data = sft_data.build_sft_data(
+        cfg,
         tokenizer,
         seq_len=int(cfg.data.seq_len),
         vocab_size=common.model_vocab_size(model),
         mask_token_id=diffusion.mask_token_id,
+        train=False,
     )
-    task = task_data.task
-    pairs = task_data.eval_pairs[:4]
+    task = run_data.task
+    pairs = run_data.eval_pairs[:4]
     prompts = [p for p, _ in pairs]
     answers = [a for _, a in pairs]
+    examples = [run_data.eval[i] for i in range(len(pairs))]
+    encoded = [list(ex.prompt) for ex in examples]
+    longest = max((ex.completion.size for ex in examples), default=0)
+    max_answer = getattr(task, "max_answer_chars", longest - 1) + 1
   else:
     prompts = [str(p) for p in options.prompts]
     answers = [None] * len(prompts)
   if not prompts:
-    raise ValueError("prompts must name at least one prompt")
-  encoded = [common.encode_pair(tokenizer, p, "")[0] for p in prompts]
+    raise errors.UsageError(
+        "no prompts: pass prompts=[...] (the run's data has no eval split)"
+    )
+  if encoded is None:
+    encoded = [common.encode_pair(tokenizer, p, "")[0] for p in prompts]
   lengths = np.asarray([len(ids) for ids in encoded], np.int32)
   width = int(lengths.max())
   prompt_tokens = np.full((len(encoded), width), tokenizer.pad_id(), np.int32)
@@ -133,8 +147,8 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
   max_new = options.max_new_tokens
   if max_new is None:
     if task is None:
-      raise ValueError("max_new_tokens is required with custom prompts")
-    max_new = task.max_answer_chars + 1
+      raise errors.UsageError("max_new_tokens is required with custom prompts")
+    max_new = max_answer
   denoise_config = config_lib.DenoiseConfig(
       block_size=diffusion.block_size,
       mask_token_id=diffusion.mask_token_id,

@@ -24,8 +24,10 @@ from tunix.sft import metrics_logger as metrics_lib
 from tunix_blockdiff import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff import errors
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import sft_data as sft_data_lib
 
 FIGURE_FILE = "sft.png"
 
@@ -126,6 +128,25 @@ def eval_loss(trainer, batches) -> float:
   return trainer_lib.weighted_mean(metrics)
 
 
+def _data_config(cfg, tokenizer, vocab_size: int) -> data_lib.DataConfig:
+  """The recipe's `data` section; a bad value is a `UsageError`."""
+  try:
+    return data_lib.DataConfig(
+        seq_len=int(cfg.data.seq_len),
+        batch_size=int(cfg.data.batch_size),
+        vocab_size=vocab_size,
+        seed=int(cfg.seed),
+        packing=cfg.data.packing,
+        cp_size=int(cfg.data.cp_size),
+        pad_token_id=tokenizer.pad_id(),
+        completion_fill_id=(
+            tokenizer.eos_id() if cfg.data.fill_completion_with_eos else None
+        ),
+    )
+  except (TypeError, ValueError) as e:
+    raise errors.UsageError(f"recipe section data: {e}") from None
+
+
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   mesh = common.build_mesh(cfg.get("mesh"))
@@ -140,8 +161,9 @@ def _run(cfg, mesh) -> dict[str, Any]:
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
   model = common.build_model(cfg.model, seed=int(cfg.seed), mesh=mesh)
   vocab_size = common.model_vocab_size(model)
-  task_data = common.build_task_data(
-      cfg.task,
+  # The built-in task, or the user's files when `dataset` is set.
+  task_data = sft_data_lib.build_sft_data(
+      cfg,
       tokenizer,
       seq_len=int(cfg.data.seq_len),
       vocab_size=vocab_size,
@@ -150,24 +172,15 @@ def _run(cfg, mesh) -> dict[str, Any]:
   base_model = model
   model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
   model = common.shard_model(model, mesh)
-  data_config = data_lib.DataConfig(
-      seq_len=int(cfg.data.seq_len),
-      batch_size=int(cfg.data.batch_size),
-      vocab_size=vocab_size,
-      seed=int(cfg.seed),
-      packing=cfg.data.packing,
-      cp_size=int(cfg.data.cp_size),
-      pad_token_id=tokenizer.pad_id(),
-      completion_fill_id=(
-          tokenizer.eos_id() if cfg.data.fill_completion_with_eos else None
-      ),
-  )
+  data_config = _data_config(cfg, tokenizer, vocab_size)
   train_ds = data_lib.SFTBatches(task_data.train, diffusion, data_config)
-  eval_ds = data_lib.eval_batches(
-      task_data.eval,
-      diffusion,
-      dataclasses.replace(data_config, batch_size=int(cfg.eval.batch_size)),
-  )
+  eval_ds = None
+  if task_data.eval is not None:
+    eval_ds = data_lib.eval_batches(
+        task_data.eval,
+        diffusion,
+        dataclasses.replace(data_config, batch_size=int(cfg.eval.batch_size)),
+    )
   trainer = trainer_lib.BlockDiffusionTrainer(
       model,
       common.make_optimizer(cfg.training),
@@ -190,6 +203,18 @@ def _run(cfg, mesh) -> dict[str, Any]:
   trainer.train(train_ds, eval_ds)
   train_seconds = clock()
 
+  report = dict(
+      cfg=cfg,
+      out=out,
+      trainer=trainer,
+      task_data=task_data,
+      start_step=start_step,
+      train_seconds=train_seconds,
+      clock=clock,
+  )
+  if eval_ds is None:
+    # A dataset without `eval`: training only.
+    return _finish(**report)
   final_eval_loss = eval_loss(trainer, eval_ds)
   # Generation runs on the LoRA-merged weights: the same function, without
   # qwix's interception inside the jitted denoising loop.
@@ -230,7 +255,36 @@ def _run(cfg, mesh) -> dict[str, Any]:
     sweep.append(result.row())
     if threshold == main_threshold:
       main_eval = result
+  if task_data.bad_rows is not None:
+    print(
+        sft_data_lib.render_samples(
+            main_eval,
+            task_data.eval_pairs,
+            tokenizer,
+            diffusion.block_size,
+            color=sys.stdout.isatty(),
+        )
+    )
+  return _finish(
+      **report, eval_loss=final_eval_loss, main_eval=main_eval, sweep=sweep
+  )
 
+
+def _finish(
+    *,
+    cfg,
+    out,
+    trainer,
+    task_data,
+    start_step,
+    train_seconds,
+    clock,
+    eval_loss=None,
+    main_eval=None,
+    sweep=(),
+) -> dict[str, Any]:
+  """Writes the summary and figure; generation metrics when evaluated."""
+  evaluated = main_eval is not None
   train_loss = _history(trainer, "loss", "train")
   eval_history = _history(trainer, "loss", "eval")
   eval_every = int(cfg.training.eval_every_n_steps)
@@ -239,12 +293,12 @@ def _run(cfg, mesh) -> dict[str, Any]:
       "recipe": common.to_dict(cfg),
       "train_steps": trainer.train_steps,
       "final_train_loss": float(train_loss[-1]) if train_loss.size else None,
-      "eval_loss": final_eval_loss,
-      "eval_exact_match": main_eval.exact_match,
-      "tokens_per_step": main_eval.tokens_per_step,
-      "threshold": main_eval.threshold,
-      "threshold_sweep": sweep,
-      "eval_examples": len(task_data.eval),
+      "eval_loss": eval_loss,
+      "eval_exact_match": main_eval.exact_match if evaluated else None,
+      "tokens_per_step": main_eval.tokens_per_step if evaluated else None,
+      "threshold": main_eval.threshold if evaluated else None,
+      "threshold_sweep": list(sweep),
+      "eval_examples": len(task_data.eval) if evaluated else 0,
       "train_examples": len(task_data.train),
       "num_params": num_params(trainer.model),
       "num_lora_params": num_params(trainer.model, nnx.LoRAParam),
@@ -253,10 +307,19 @@ def _run(cfg, mesh) -> dict[str, Any]:
       "sample_completions": [
           {"prompt": p, "answer": a, "completion": c}
           for (p, a), c in list(
-              zip(task_data.eval_pairs, main_eval.completions)
+              zip(
+                  task_data.eval_pairs,
+                  main_eval.completions if evaluated else (),
+              )
           )[:5]
       ],
   }
+  if task_data.bad_rows is not None:
+    summary["bad_rows"] = task_data.bad_rows
+    if evaluated:
+      summary["eval_edit_similarity"] = sft_data_lib.mean_edit_similarity(
+          main_eval.completions, task_data.eval_pairs
+      )
   common.plot_training_figure(
       out / FIGURE_FILE,
       train_loss=train_loss,
@@ -264,10 +327,15 @@ def _run(cfg, mesh) -> dict[str, Any]:
       eval_loss=eval_history,
       sweep=sweep,
       title=(
-          f"{cfg.task.name}: stream={diffusion.stream},"
-          f" block={diffusion.block_size}, EM {main_eval.exact_match:.3f} at"
-          f" {main_eval.tokens_per_step:.2f} tokens/call (threshold"
-          f" {main_eval.threshold:g})"
+          f"{task_data.name}: stream={cfg.diffusion.stream},"
+          f" block={cfg.diffusion.block_size}"
+          + (
+              f", EM {main_eval.exact_match:.3f} at"
+              f" {main_eval.tokens_per_step:.2f} tokens/call (threshold"
+              f" {main_eval.threshold:g})"
+              if evaluated
+              else ""
+          )
       ),
   )
   common.write_summary(out, summary)
