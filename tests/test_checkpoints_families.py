@@ -66,10 +66,8 @@ def _logits(model):
 @pytest.mark.parametrize(
     "family, tied, kwargs",
     [
-        ("qwen3", True, {}),
+        # Qwen3: tests/test_real_model_loading.py.
         ("qwen2", False, {}),
-        ("qwen2", True, {}),
-        ("llama3", False, {}),
         ("llama3", True, {}),
         # Grouped-query (q_einsum + kv_einsum) and multi-head (qkv_einsum)
         # Gemma3, with a window shorter than the 9 tokens compared.

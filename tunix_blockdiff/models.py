@@ -39,9 +39,10 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
 
   Args:
     model_cfg: The `model` section: `kind` (one of `KINDS`); for `tiny_*`
-      `vocab_size` and the sizes in `_TINY_KEYS` (plus, for `tiny_gemma3`,
-      optionally `sliding_window_size`); for `*_hf` `path`, `dtype` and
-      optionally `param_dtype`.
+      `vocab_size` and the sizes in `_TINY_KEYS`, optionally `random_mlp`
+      (`tiny_models.random_mlps`: Tunix starts feed-forward kernels at zero,
+      where they never train) and, for `tiny_gemma3`, `sliding_window_size`;
+      for `*_hf` `path`, `dtype` and optionally `param_dtype`.
     seed: Initialisation seed of a `tiny_*` model.
     mesh: Mesh a `*_hf` checkpoint is loaded onto (Tunix's sharding rules).
 
@@ -60,7 +61,12 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
     if family == "gemma3" and window is not None:
       sizes["sliding_window_size"] = int(window)
     builder = getattr(tiny_models, kind)
-    return builder(int(model_cfg.vocab_size), seed=seed, **sizes)
+    return builder(
+        int(model_cfg.vocab_size),
+        seed=seed,
+        random_mlp=bool(model_cfg.get("random_mlp", False)),
+        **sizes,
+    )
   from tunix_blockdiff import checkpoints  # pylint: disable=g-import-not-at-top
 
   if not model_cfg.get("path"):

@@ -132,42 +132,21 @@ def gemma3_config(
   )
 
 
-def tiny_qwen3(
-    vocab_size: int = 64, *, seed: int = 0, **kwargs
-) -> qwen3_lib.Qwen3:
-  """A randomly initialised tiny Tunix Qwen3 (`qwen3_config` kwargs)."""
-  return qwen3_lib.Qwen3(qwen3_config(vocab_size, **kwargs), rngs=nnx.Rngs(seed))
+def random_mlps(model, seed: int = 0):
+  """Draws every feed-forward kernel from a LeCun normal, in place.
 
+  Tunix (0.1.7) initialises the gate, up and down kernels of all four
+  families to zero: a saddle point where none of them receives a gradient,
+  so a model trained from scratch keeps its feed-forward layers at zero
+  forever. Pretrained checkpoints are unaffected.
 
-def tiny_qwen2(
-    vocab_size: int = 64, *, seed: int = 0, **kwargs
-) -> qwen2_lib.Qwen2:
-  """A randomly initialised tiny Tunix Qwen2 (`qwen2_config` kwargs)."""
-  return qwen2_lib.Qwen2(qwen2_config(vocab_size, **kwargs), rngs=nnx.Rngs(seed))
+  Args:
+    model: A Tunix model whose layers have `mlp.{gate,up,down}_proj`.
+    seed: Seed of the draw.
 
-
-def tiny_llama3(
-    vocab_size: int = 64, *, seed: int = 0, **kwargs
-) -> llama3_lib.Llama3:
-  """A randomly initialised tiny Tunix Llama3 (`llama3_config` kwargs)."""
-  return llama3_lib.Llama3(
-      llama3_config(vocab_size, **kwargs), rngs=nnx.Rngs(seed)
-  )
-
-
-def tiny_gemma3(
-    vocab_size: int = 64, *, seed: int = 0, **kwargs
-) -> gemma3_lib.Gemma3:
-  """A randomly initialised tiny Tunix Gemma3 (`gemma3_config` kwargs).
-
-  Tunix initialises Gemma3's feed-forward kernels to zero, a saddle point
-  where none of them receives a gradient; here they are drawn from a
-  LeCun-normal distribution instead (seeded), so the model trains from
-  scratch. Norm scales stay zero (Gemma's norms scale by `1 + scale`).
+  Returns:
+    The model.
   """
-  model = gemma3_lib.Gemma3(
-      gemma3_config(vocab_size, **kwargs), rngs=nnx.Rngs(seed)
-  )
   init = jax.nn.initializers.lecun_normal()
   key = jax.random.key(seed)
   for i, layer in enumerate(model.layers):
@@ -179,3 +158,51 @@ def tiny_gemma3(
           kernel.value.dtype,
       )
   return model
+
+
+def _build(model_type, config, seed: int, random_mlp: bool):
+  model = model_type(config, rngs=nnx.Rngs(seed))
+  return random_mlps(model, seed) if random_mlp else model
+
+
+def tiny_qwen3(
+    vocab_size: int = 64, *, seed: int = 0, random_mlp: bool = False, **kwargs
+) -> qwen3_lib.Qwen3:
+  """A randomly initialised tiny Tunix Qwen3 (`qwen3_config` kwargs).
+
+  With `random_mlp` its feed-forward kernels are drawn by `random_mlps`
+  instead of Tunix's zeros (the same holds for every `tiny_*`).
+  """
+  return _build(
+      qwen3_lib.Qwen3, qwen3_config(vocab_size, **kwargs), seed, random_mlp
+  )
+
+
+def tiny_qwen2(
+    vocab_size: int = 64, *, seed: int = 0, random_mlp: bool = False, **kwargs
+) -> qwen2_lib.Qwen2:
+  """A randomly initialised tiny Tunix Qwen2 (`qwen2_config` kwargs)."""
+  return _build(
+      qwen2_lib.Qwen2, qwen2_config(vocab_size, **kwargs), seed, random_mlp
+  )
+
+
+def tiny_llama3(
+    vocab_size: int = 64, *, seed: int = 0, random_mlp: bool = False, **kwargs
+) -> llama3_lib.Llama3:
+  """A randomly initialised tiny Tunix Llama3 (`llama3_config` kwargs)."""
+  return _build(
+      llama3_lib.Llama3, llama3_config(vocab_size, **kwargs), seed, random_mlp
+  )
+
+
+def tiny_gemma3(
+    vocab_size: int = 64, *, seed: int = 0, random_mlp: bool = False, **kwargs
+) -> gemma3_lib.Gemma3:
+  """A randomly initialised tiny Tunix Gemma3 (`gemma3_config` kwargs).
+
+  Norm scales start at zero (Gemma's norms scale by `1 + scale`).
+  """
+  return _build(
+      gemma3_lib.Gemma3, gemma3_config(vocab_size, **kwargs), seed, random_mlp
+  )

@@ -1,0 +1,185 @@
+"""Every Tunix family through `models`, the trainer and `make_logits_fn`."""
+
+import dataclasses
+import functools
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import omegaconf
+import optax
+import pytest
+from tunix.sft import peft_trainer
+
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import data
+from tunix_blockdiff import modeling
+from tunix_blockdiff import models
+from tunix_blockdiff import tiny_models
+from tunix_blockdiff import trainer as trainer_lib
+
+VOCAB, MASK, SEQ, BLOCK = 64, 3, 16, 4
+DCFG = config_lib.BlockDiffusionConfig(block_size=BLOCK, mask_token_id=MASK)
+SIZES = dict(
+    num_layers=1,
+    embed_dim=32,
+    hidden_dim=64,
+    num_heads=4,
+    head_dim=8,
+    num_kv_heads=2,
+)
+
+
+def _tiny(family, **kwargs):
+  return getattr(tiny_models, f"tiny_{family}")(VOCAB, **(SIZES | kwargs))
+
+
+def _packed_batch(seed=0):
+  """Two rows, two documents each (segment ids 1 and 2), corrupted."""
+  rng = np.random.default_rng(seed)
+  raw = [
+      (rng.integers(4, VOCAB, p).tolist(), rng.integers(4, VOCAB, c).tolist())
+      for p, c in [(2, 5), (3, 4), (1, 6), (2, 3)]
+  ]
+  examples = data.as_examples(
+      raw, seq_len=SEQ, vocab_size=VOCAB, mask_token_id=MASK
+  )
+  docs = [data.encode_document(ex, DCFG, seed=seed, epoch=0) for ex in examples]
+  batch = data.assemble_rows(
+      [docs[:2], docs[2:]],
+      seq_len=SEQ,
+      block_size=BLOCK,
+      packing="block_aligned",
+  )
+  assert np.asarray(batch["segment_ids"]).max() == 2
+  return batch
+
+
+@pytest.mark.parametrize("family", models.FAMILIES)
+def test_build_tiny_kinds(family):
+  cfg = omegaconf.OmegaConf.create(
+      {"kind": f"tiny_{family}", "vocab_size": VOCAB, **SIZES}
+  )
+  model = models.build_model(cfg, seed=3)
+  assert type(model) is type(_tiny(family))
+  assert models.model_vocab_size(model) == VOCAB
+  same = models.build_model(cfg, seed=3)
+  leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+  for a, b in zip(leaves, jax.tree.leaves(nnx.state(same, nnx.Param))):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_build_model_errors_and_gemma3_window():
+  with pytest.raises(ValueError, match="model.kind must be one of"):
+    models.build_model(omegaconf.OmegaConf.create({"kind": "gpt2"}), seed=0)
+  cfg = omegaconf.OmegaConf.create(
+      {"kind": "tiny_gemma3", "vocab_size": VOCAB, "sliding_window_size": 8}
+      | SIZES
+  )
+  assert models.sliding_window(models.build_model(cfg, seed=0)) == 8
+  assert models.sliding_window(_tiny("qwen3")) is None
+
+
+def test_model_vocab_size_sources():
+  assert models.model_vocab_size(_tiny("gemma3")) == VOCAB  # num_embed
+
+  class NoConfig(nnx.Module):
+
+    def __init__(self):
+      self.embed = nnx.Param(jnp.zeros((7, 3)))
+
+  assert models.model_vocab_size(NoConfig()) == 7
+  with pytest.raises(ValueError, match="cannot tell the vocabulary size"):
+    models.model_vocab_size(object())
+
+
+@pytest.mark.parametrize("family", models.FAMILIES)
+def test_trainer_trains_every_family(family):
+  """Packed rows (segment ids) train: finite nonzero gradients, loss falls."""
+  model = _tiny(family, random_mlp=True)
+  batch = _packed_batch()
+  inputs = trainer_lib.diffusion_model_inputs(batch)
+  loss_fn = trainer_lib.make_diffusion_loss_fn(DCFG)
+
+  @nnx.jit
+  def loss_and_grads(model):
+    return nnx.value_and_grad(
+        lambda m: loss_fn(m, **inputs).primary_loss.compute()
+    )(model)
+
+  before, grads = loss_and_grads(model)
+  assert np.isfinite(float(before))
+  for path, grad in nnx.to_flat_state(grads):
+    grad = np.asarray(grad.get_value())
+    assert np.all(np.isfinite(grad)), path
+    assert np.abs(grad).max() > 0, f"no gradient reaches {path}"
+  trainer_lib.BlockDiffusionTrainer(
+      model,
+      optax.adam(1e-2),
+      peft_trainer.TrainingConfig(eval_every_n_steps=1000, max_steps=4),
+      DCFG,
+  ).train([batch] * 4)
+  after, _ = loss_and_grads(model)
+  assert float(after) < float(before) - 0.05
+
+
+def test_tunix_zero_mlps_get_no_gradient():
+  """Why `random_mlp` exists: Tunix's zero feed-forward init is a saddle."""
+  model = _tiny("qwen3", num_layers=2)
+  loss_fn = trainer_lib.make_diffusion_loss_fn(DCFG)
+  inputs = trainer_lib.diffusion_model_inputs(_packed_batch())
+  grads = nnx.jit(
+      nnx.grad(lambda m: loss_fn(m, **inputs).primary_loss.compute())
+  )(model)
+  for layer in grads["layers"].values():
+    for name in ("gate_proj", "up_proj", "down_proj"):
+      assert not np.any(np.asarray(layer["mlp"][name]["kernel"].get_value()))
+
+
+@pytest.mark.parametrize("family", models.FAMILIES)
+def test_make_logits_fn_is_the_block_causal_model_call(family):
+  # Gemma3 with a window (5) shorter than the row: the band acts in both.
+  model = _tiny(family, **({"sliding_window_size": 5} if family == "gemma3" else {}))
+  rng = np.random.default_rng(0)
+  tokens = jnp.asarray(rng.integers(0, VOCAB, (2, 10)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(10), (2, 10))
+  logits_fn = modeling.make_logits_fn(model, block_size=BLOCK)
+  got = jax.jit(logits_fn)(tokens, positions)
+  block = np.arange(10) // BLOCK
+  mask = jnp.asarray(block[None, :] <= block[:, None])[None].repeat(2, 0)
+  want, _ = model(tokens, positions, None, mask)
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", ["llama3", "gemma3"])
+def test_packed_rows_without_model_segment_ids(family):
+  """Llama3/Gemma3 take no segment_ids: each document sees only itself."""
+  model = _tiny(family)
+  rng = np.random.default_rng(1)
+  first = rng.integers(0, VOCAB, 8)
+  second = rng.integers(0, VOCAB, 4)
+  tokens = jnp.asarray(np.concatenate([first, second])[None], jnp.int32)
+  positions = jnp.asarray(np.r_[np.arange(8), np.arange(4)][None], jnp.int32)
+  segments = jnp.asarray(np.r_[[1] * 8, [2] * 4][None], jnp.int32)
+  logits = nnx.jit(
+      functools.partial(modeling.block_diffusion_logits, block_size=BLOCK)
+  )
+  packed = logits(model, tokens, positions, segment_ids=segments)
+  alone = logits(
+      model, jnp.asarray(second[None], jnp.int32), jnp.arange(4)[None]
+  )
+  np.testing.assert_allclose(packed[:, 8:], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_two_stream_refuses_a_window_it_would_apply_wrongly():
+  model = _tiny("gemma3", sliding_window_size=2 * SEQ - 1)
+  batch = _packed_batch()
+  loss_fn = trainer_lib.make_diffusion_loss_fn(
+      dataclasses.replace(DCFG, stream="two_stream")
+  )
+  inputs = trainer_lib.diffusion_model_inputs(batch)
+  loss = nnx.jit(lambda m: loss_fn(m, **inputs).primary_loss.compute())
+  with pytest.raises(ValueError, match="two-stream.*sliding window"):
+    loss(model)
+  assert np.isfinite(float(loss(_tiny("gemma3", sliding_window_size=2 * SEQ))))
