@@ -183,6 +183,20 @@ def test_all_lists_section_four_names():
       assert hasattr(tbd, name), name
 
 
+def test_trajectory_logprob_signature():
+  from tunix_blockdiff.rl import likelihood
+
+  assert tbd.trajectory_logprob is likelihood.trajectory_logprob
+  params = _params(tbd.trajectory_logprob)
+  assert list(params)[:3] == [
+      "model_or_logits_fn",
+      "generation_result",
+      "config",
+  ]
+  assert params["likelihood"].kind == _KW
+  assert params["likelihood"].default == "exact"
+
+
 def test_unknown_attribute_raises_attribute_error():
   with pytest.raises(AttributeError, match=r"no attribute 'not_a_name'"):
     tbd.not_a_name  # pylint: disable=pointless-statement

@@ -46,6 +46,7 @@ _LAZY = {
     "BlockDiffusionLogitsFn": ("tunix_blockdiff.upstream", "BlockDiffusionLogitsFn"),
     "configure_diffusion_sft": ("tunix_blockdiff.upstream", "configure_diffusion_sft"),
     "diffusion_loss_fn": ("tunix_blockdiff.upstream", "diffusion_loss_fn"),
+    "trajectory_logprob": ("tunix_blockdiff.rl.likelihood", "trajectory_logprob"),
 }
 
 
@@ -89,6 +90,7 @@ __all__ = [
     "reorder_batch_for_context_parallel",
     "reorder_for_context_parallel",
     "restore_from_context_parallel",
+    "trajectory_logprob",
     "two_stream_logits",
     "two_stream_mask",
 ]

@@ -11,6 +11,7 @@ import pytest
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import modeling
 from tunix_blockdiff import tiny_models
+from tunix_blockdiff.rl import likelihood
 from tunix_blockdiff.rl import scoring
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import denoise as denoise_lib
@@ -82,8 +83,14 @@ def test_scorer_reproduces_the_rollouts_log_probs(name):
   steps = np.asarray(result.trace_commit_step)
   # Several steps per block, and a real mix of committed / never committed.
   assert steps.max() >= NEW_TOKENS // 2
-  scores = scoring.score_trajectories_jit(
-      _model(), prompts, prompt_mask, result.trace_tokens, steps, config
+  scores = likelihood.score_trajectories_jit(
+      _model(),
+      prompts,
+      prompt_mask,
+      result.trace_tokens,
+      steps,
+      config,
+      likelihood="committed_only",
   )
   expected = np.asarray(result.trace_logprobs)
   assert np.abs(np.asarray(scores) - expected).max() <= 1e-4
@@ -113,8 +120,14 @@ def test_scorer_matches_step_by_step_rescoring_with_single_stream_logits():
   for step in range(int(steps.max()) + 1):
     picked = step_log_probs(_model(), result.canvas_at(step, MASK))
     expected = np.where(steps == step, picked, expected)
-  scores = scoring.score_trajectories_jit(
-      _model(), prompts, prompt_mask, result.trace_tokens, steps, config
+  scores = likelihood.score_trajectories_jit(
+      _model(),
+      prompts,
+      prompt_mask,
+      result.trace_tokens,
+      steps,
+      config,
+      likelihood="committed_only",
   )
   np.testing.assert_allclose(scores, expected, atol=1e-4)
 

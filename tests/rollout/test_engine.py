@@ -94,9 +94,17 @@ def test_generate_returns_completions_cut_at_eos_and_the_trace():
 def test_per_token_logps_reproduce_the_rollouts_and_need_commit_steps():
   engine, output = _engine(), _output()
   logps = engine.get_per_token_logps(
-      output.left_padded_prompt_tokens, output.trace_tokens, output.commit_steps
+      output.left_padded_prompt_tokens,
+      output.trace_tokens,
+      output.commit_steps,
+      likelihood="committed_only",
   )
   assert np.abs(np.asarray(logps) - output.trace_logprobs).max() <= 1e-4
+  # The exact likelihood adds the selection terms: never above it.
+  exact = engine.get_per_token_logps(
+      output.left_padded_prompt_tokens, output.trace_tokens, output.commit_steps
+  )
+  assert np.all(np.sum(exact, 1) <= np.sum(logps, 1) + 1e-5)
   with pytest.raises(ValueError, match="commit_step is required"):
     engine.get_per_token_logps(
         output.left_padded_prompt_tokens, output.trace_tokens

@@ -7,7 +7,8 @@ policy's log-probs depend on the order its tokens were committed:
   rebuilds a plain `RolloutOutput` from the engine's micro-batch outputs and
   would drop it) and returns a `BlockDiffusionRolloutOutput`.
 * Reference and old-policy log-probs take the trace's `commit_step` and are
-  computed by the trajectory-exact scorer, not by causal teacher forcing.
+  computed by the trajectory-exact scorer under the learner's likelihood
+  (`rl.likelihood`), not by causal teacher forcing.
 * The actor trainer is `BlockDiffusionRLTrainer` (exact, denominator-aware
   gradient accumulation of `LossOutput` losses).
 
@@ -24,7 +25,7 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 
-from tunix_blockdiff.rl import scoring
+from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rl import trainer as rl_trainer_lib
 from tunix_blockdiff.rollout import engine as engine_lib
 
@@ -105,6 +106,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       completion_tokens,
       commit_step,
       micro_batch_size,
+      likelihood,
   ):
     if commit_step is None:
       raise ValueError(
@@ -126,13 +128,14 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
         stop=batch_size, step=micro_batch_size or batch_size
     ):
       outs.append(
-          scoring.score_trajectories_jit(
+          likelihood_lib.score_trajectories_jit(
               model,
               prompt_tokens[rows],
               prompt_mask[rows],
               completion_tokens[rows],
               commit_step[rows],
               config,
+              likelihood=likelihood,
           )
       )
     return jnp.concatenate(outs, axis=0)
@@ -146,6 +149,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       micro_batch_size: int | None = None,
       *,
       commit_step=None,
+      likelihood: str = "exact",
   ):
     """Reference-model trajectory log-probs float32 [B, N].
 
@@ -156,6 +160,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       eos_id: Unused.
       micro_batch_size: Rows per scoring call.
       commit_step: int [B, N] commit steps; required.
+      likelihood: `exact` or `committed_only` (`rl.likelihood`).
     """
     del pad_id, eos_id
     with self._get_mesh_and_logical_axis_rules_cm(Role.REFERENCE):
@@ -164,7 +169,12 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
         raise ValueError("the cluster has no reference model")
       self._maybe_load_model_from_cpu(model, Role.REFERENCE)
       out = self._score(
-          model, prompt_tokens, completion_tokens, commit_step, micro_batch_size
+          model,
+          prompt_tokens,
+          completion_tokens,
+          commit_step,
+          micro_batch_size,
+          likelihood,
       )
       self._maybe_offload_model_to_cpu(model, Role.REFERENCE)
       return out
@@ -176,6 +186,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       micro_batch_size: int | None = None,
       *,
       commit_step=None,
+      likelihood: str = "exact",
   ):
     """Rollout-policy (old policy) trajectory log-probs float32 [B, N].
 
@@ -184,12 +195,18 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       completion_tokens: int [B, N] trace tokens.
       micro_batch_size: Rows per scoring call.
       commit_step: int [B, N] commit steps; required.
+      likelihood: `exact` or `committed_only` (`rl.likelihood`).
     """
     with self._get_mesh_and_logical_axis_rules_cm(Role.ROLLOUT):
       model = self.rollout.model()
       self._maybe_load_model_from_cpu(model, Role.ROLLOUT)
       out = self._score(
-          model, prompt_tokens, completion_tokens, commit_step, micro_batch_size
+          model,
+          prompt_tokens,
+          completion_tokens,
+          commit_step,
+          micro_batch_size,
+          likelihood,
       )
       self._maybe_offload_model_to_cpu(model, Role.ROLLOUT)
       return out

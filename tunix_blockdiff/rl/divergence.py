@@ -139,6 +139,7 @@ def sampled_token_divergence(
     divergence: str = "reverse_kl",
     beta: float = 0.5,
     log_ratio_clip: float = 20.0,
+    score_logp: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """One-sample divergence estimate at the student's sampled token.
 
@@ -150,6 +151,10 @@ def sampled_token_divergence(
     log_ratio_clip: |log r| is clipped here (the importance ratio of the
       forward divergences explodes where the student is confident and the
       teacher is not).
+    score_logp: float [...] differentiable log-prob whose gradient is the
+      score function (default `student_logp`); e.g. the token's share of
+      its trajectory's exact log-prob (`rl.likelihood`), whose law, not
+      p_s alone, the token was sampled from.
 
   Returns:
     (estimate float32 [...], surrogate float32 [...]). `estimate` is the
@@ -167,7 +172,9 @@ def sampled_token_divergence(
   value, weight = _f_and_score_weight(log_ratio, divergence, beta)
   value = jax.lax.stop_gradient(value)
   weight = jax.lax.stop_gradient(weight)
+  if score_logp is None:
+    score_logp = student_logp
   surrogate = value + weight * (
-      student_logp - jax.lax.stop_gradient(student_logp)
+      score_logp - jax.lax.stop_gradient(score_logp)
   )
   return value, surrogate

@@ -4,7 +4,11 @@ Tunix's GRPO scores the policy by causal teacher forcing, which is not the
 probability of a block-diffusion rollout. Here every log-prob (policy, old
 policy, reference) comes from the trajectory-exact scorer
 (`rl.scoring`), which rebuilds each denoising step's canvas from the commit
-steps the rollout recorded:
+steps the rollout recorded, under the config's `likelihood`
+(`rl.likelihood`): `exact` (default) per-token shares of the trajectory's
+exact log-prob, selection events included, so the policy gradient is that of
+the distribution the rollouts come from; or `committed_only`, the committed
+tokens' probabilities alone. The pieces:
 
 * `bd_grpo_loss_fn`, registered as Tunix policy loss `bd_grpo` (by
   `tunix_blockdiff.register()`): the clipped GRPO/PPO surrogate plus the
@@ -35,6 +39,7 @@ from tunix.rl.grpo import grpo_learner
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rl import cluster as cluster_lib
+from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rl import scoring
 from tunix_blockdiff.rollout import engine as engine_lib
 
@@ -76,10 +81,15 @@ class BlockDiffusionGRPOConfig(grpo_learner.GRPOConfig):
     denoise_config: The rollout's `DenoiseConfig` (what the scorer rebuilds
       and scores under); `BlockDiffusionGRPOLearner` fills it from the
       rollout engine when None and rejects a different one.
+    likelihood: `exact` (default; needs sampled rollouts, temperature > 0)
+      or `committed_only` (the committed tokens' probabilities only, biased).
+      Token-level terms: each token's proposal log-prob plus an even share
+      of its step's selection log-prob (`rl.selection`).
   """
 
   policy_loss_fn: str = "bd_grpo"
   denoise_config: config_lib.DenoiseConfig | None = None
+  likelihood: str = "exact"
 
   def __post_init__(self):
     super().__post_init__()
@@ -100,6 +110,7 @@ class BlockDiffusionGRPOConfig(grpo_learner.GRPOConfig):
           "denoise_config must be a DenoiseConfig, got"
           f" {type(self.denoise_config).__name__}"
       )
+    likelihood_lib.check_likelihood(self.likelihood, self.denoise_config)
 
 
 def aggregate(
@@ -155,8 +166,16 @@ def require_denoise_config(algo_config) -> config_lib.DenoiseConfig:
   return config
 
 
-def policy_log_probs(model, train_example, config: config_lib.DenoiseConfig):
-  """Differentiable trajectory log-probs and entropies, each float32 [B, N]."""
+def policy_log_probs(
+    model,
+    train_example,
+    config: config_lib.DenoiseConfig,
+    likelihood: str = "exact",
+):
+  """Differentiable per-token log-probs and entropies, each float32 [B, N].
+
+  Under `likelihood` (`rl.likelihood.per_token_logps`).
+  """
   batch = scoring.prepare_trajectory_batch(
       train_example.prompt_ids,
       train_example.prompt_mask,
@@ -165,11 +184,11 @@ def policy_log_probs(model, train_example, config: config_lib.DenoiseConfig):
       mask_token_id=config.mask_token_id,
       loss_weights=train_example.completion_mask,
   )
-  return scoring.compute_diffusion_per_token_logps(
+  return likelihood_lib.per_token_logps(
       model,
       batch,
-      scoring.trajectory_logits_fn_for(config),
-      config=config,
+      config,
+      likelihood=likelihood,
       stop_gradient=False,
       return_entropy=True,
   )
@@ -186,7 +205,8 @@ def bd_grpo_loss_fn(
   """GRPO policy loss of a block-diffusion policy (Tunix policy-loss API).
 
   Per committed token t of row i, with the trajectory-exact log-prob
-  `logp` (differentiable), the old policy's `old` (the train example's, or
+  `logp` (differentiable; under `algo_config.likelihood`, with `exact` the
+  token's share of its trajectory's exact log-prob), the old policy's `old` (the train example's, or
   `stop_gradient(logp)` when absent, as in Tunix: then the ratio is exactly
   1) and the row advantage `A`:
   `loss_t = max(-A r, -A clip(r, 1 - eps, 1 + eps_high)) + beta KL_t`,
@@ -212,7 +232,9 @@ def bd_grpo_loss_fn(
   mode = algo_config.loss_agg_mode
   epsilon = algo_config.epsilon
   epsilon_high = getattr(algo_config, "epsilon_high", None) or epsilon
-  logps, entropy = policy_log_probs(model, train_example, config)
+  logps, entropy = policy_log_probs(
+      model, train_example, config, getattr(algo_config, "likelihood", "exact")
+  )
   mask = train_example.completion_mask.astype(jnp.float32)
   active = mask > 0
   if train_example.old_per_token_logps is None:
@@ -278,6 +300,9 @@ class TraceLearnerMixin:
           f" TRAIN config {rollout_config}; the scorer must rebuild the"
           " rollout's own distribution"
       )
+    likelihood_lib.check_likelihood(
+        getattr(algo_config, "likelihood", "exact"), rollout_config
+    )
 
   def _rollout(self, training_input, mode):
     training_input["prompts"] = list(training_input["prompts"])
@@ -375,6 +400,7 @@ class BlockDiffusionGRPOLearner(TraceLearnerMixin, grpo_learner.GRPOLearner):
           trace_tokens,
           micro_batch_size=micro,
           commit_step=commit_step,
+          likelihood=self.algo_config.likelihood,
       )
     old_logps = None
     if self.algo_config.num_iterations > 1:
@@ -383,6 +409,7 @@ class BlockDiffusionGRPOLearner(TraceLearnerMixin, grpo_learner.GRPOLearner):
           trace_tokens,
           micro_batch_size=micro,
           commit_step=commit_step,
+          likelihood=self.algo_config.likelihood,
       )
     rewards = self._compute_rewards(
         prompts=training_input["prompts"],

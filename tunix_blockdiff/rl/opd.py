@@ -49,6 +49,7 @@ from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import divergence as divergence_lib
 from tunix_blockdiff.rl import grpo
+from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rl import scoring
 
 TEACHER_KINDS = ("ar", "block_diffusion")
@@ -83,6 +84,7 @@ def diffusion_opd_loss_fn(
     beta: float = 0.5,
     temperature: float = 1.0,
     exclude_token_id: int | None = None,
+    score_logps: jax.Array | None = None,
 ) -> compat.LossOutput:
   """Token-weighted OPD loss of a block-diffusion student.
 
@@ -101,6 +103,10 @@ def diffusion_opd_loss_fn(
     beta: Teacher weight of the `jsd` mixture, 0 < beta < 1.
     temperature: > 0.
     exclude_token_id: Token removed from both distributions.
+    score_logps: Optional float [B, N] differentiable per-token log-probs
+      whose gradient is the `sampled_token` estimator's score function
+      (default: the student's token log-probs); `bd_opd` passes the exact
+      likelihood's (`rl.likelihood`). Unused by `full`.
 
   Returns:
     `LossOutput`: primary = WeightedMetric(sum_t w_t * D_t, sum_t w_t);
@@ -169,7 +175,7 @@ def diffusion_opd_loss_fn(
     estimate = per_token
   else:
     estimate, per_token = divergence_lib.sampled_token_divergence(
-        student_logp, teacher_logp, divergence, beta
+        student_logp, teacher_logp, divergence, beta, score_logp=score_logps
     )
   # `where`: inactive slots may hold non-finite values from placeholders.
   per_token = jnp.where(active, per_token, 0.0)
@@ -322,6 +328,11 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
     num_iterations: Optimizer passes over each rollout batch.
     denoise_config: The student rollout's `DenoiseConfig` (filled by the
       learner from the engine when None).
+    likelihood: `exact` (default) or `committed_only`: the log-prob whose
+      gradient is the score function of the `sampled_token` estimator
+      (`rl.likelihood`; with `exact`, each token's share of its trajectory's
+      exact log-prob, selection included). `full` computes each token's
+      divergence exactly over the proposal distributions and uses none.
   """
 
   algo_variant: str = "opd"
@@ -333,6 +344,7 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
   temperature: float = 1.0
   num_iterations: int = 1
   denoise_config: config_lib.DenoiseConfig | None = None
+  likelihood: str = "exact"
 
   def __post_init__(self):
     # AlgorithmConfig's own check only knows Tunix's built-in names.
@@ -343,6 +355,7 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
       raise ValueError(
           f"num_iterations must be >= 1, got {self.num_iterations}"
       )
+    likelihood_lib.check_likelihood(self.likelihood, self.denoise_config)
 
 
 def bd_opd_loss_fn(
@@ -383,6 +396,12 @@ def bd_opd_loss_fn(
       teacher_logits=getattr(train_example, "teacher_logits", None),
       teacher_logps=getattr(train_example, "teacher_per_token_logps", None),
   )
+  score_logps = None
+  likelihood = getattr(algo_config, "likelihood", "exact")
+  if algo_config.estimator == "sampled_token" and likelihood == "exact":
+    score_logps = likelihood_lib.per_token_logps(
+        model, student_batch, config, stop_gradient=False
+    )
   return diffusion_opd_loss_fn(
       model,
       batch,
@@ -392,6 +411,7 @@ def bd_opd_loss_fn(
       beta=algo_config.beta,
       temperature=algo_config.temperature,
       exclude_token_id=config.mask_token_id,
+      score_logps=score_logps,
   )
 
 

@@ -1,10 +1,12 @@
-"""Trajectory-exact policy log-probabilities of block-diffusion rollouts.
+"""Trajectory-exact per-token log-probabilities of block-diffusion rollouts.
 
-A rollout's probability is the product, over its denoising steps, of the
-probabilities of the tokens committed at that step given the canvas of that
-step (DESIGN.md 5.5). The rollout records each token's commit step; this
-module rebuilds every step's canvas from those steps and scores all actions
-in one batched, differentiable forward pass:
+This module scores each committed token under the proposal distribution of
+the canvas of the step that committed it (DESIGN.md 5.5); the product of
+those is the `committed_only` likelihood. The exact likelihood adds each
+step's selection probability (`rl.likelihood`, `rl.selection`) from the same
+canvases. The rollout records each token's commit step; this module rebuilds
+every step's canvas from those steps and scores all of them in one batched,
+differentiable forward pass:
 
 * Within a block, the steps that committed something are ranked 0, 1, ...
   (a token's *rank* is the number of distinct earlier commit steps of its
@@ -26,10 +28,8 @@ L = P + N, V vocabulary, R ranks.
 from __future__ import annotations
 
 import numbers
-import threading
 from typing import Any, Callable, Mapping
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -282,17 +282,17 @@ def step_canvases(
   return noised.astype(jnp.int32), ranks
 
 
-def make_trajectory_logits_fn(
+def make_rank_logits_fn(
     *,
     block_size: int,
     mask_token_id: int,
     alignment: str = "same_position",
     max_steps_per_block: int | None = None,
-) -> Callable[[Any, Mapping[str, jax.Array]], jax.Array]:
-  """A `DiffusionLogitsFn` giving each completion slot its own step's logits.
+) -> Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]:
+  """Logits of every completion slot on every within-block step-rank canvas.
 
   One model call of batch R*B and length 2L (two-stream `[x0 | xt]`, one
-  noised stream per within-block step rank) scores every action.
+  noised stream per within-block step rank) scores all of them.
 
   Args:
     block_size: Slots per block of the rollout.
@@ -305,9 +305,11 @@ def make_trajectory_logits_fn(
       eagerly.
 
   Returns:
-    `logits_fn(model, model_inputs) -> float32 [B, N, V]`: for completion
-    slot j, the target-aligned logits of the canvas of the step that
-    committed it (arbitrary where nothing was committed).
+    `fn(model, model_inputs) -> (logits float32 [R, B, N, V], ranks int32
+    [B, N])`: `logits[r, :, n]` are the target-aligned logits of completion
+    slot n on its block's canvas at step rank r (earlier blocks clean, the
+    block holding its tokens of ranks < r); `ranks` is each slot's commit
+    rank (0 where never committed).
   """
   block_size = masks.check_block_size(block_size)
   if alignment not in config_lib.ALIGNMENTS:
@@ -325,7 +327,7 @@ def make_trajectory_logits_fn(
     )
   num_ranks = min(int(num_ranks), block_size)
 
-  def logits_fn(model, model_inputs):
+  def rank_logits_fn(model, model_inputs):
     layout = sequence_layout(model_inputs, mask_token_id)
     noised, ranks = step_canvases(
         layout,
@@ -358,10 +360,42 @@ def make_trajectory_logits_fn(
         validity=tile(layout["validity"]),
     )
     logits = logits.reshape((num_ranks, batch, length, logits.shape[-1]))
-    # Each slot keeps the logits of the rank (step) that committed it.
-    selected = jnp.take_along_axis(logits, ranks[None, :, :, None], axis=0)[0]
     num_new = model_inputs["completion_tokens"].shape[1]
-    return selected[:, length - num_new :, :].astype(jnp.float32)
+    return (
+        logits[:, :, length - num_new :, :].astype(jnp.float32),
+        ranks[:, length - num_new :],
+    )
+
+  return rank_logits_fn
+
+
+def make_trajectory_logits_fn(
+    *,
+    block_size: int,
+    mask_token_id: int,
+    alignment: str = "same_position",
+    max_steps_per_block: int | None = None,
+) -> Callable[[Any, Mapping[str, jax.Array]], jax.Array]:
+  """A `DiffusionLogitsFn` giving each completion slot its own step's logits.
+
+  Arguments as `make_rank_logits_fn`, whose one model call it reuses.
+
+  Returns:
+    `logits_fn(model, model_inputs) -> float32 [B, N, V]`: for completion
+    slot j, the target-aligned logits of the canvas of the step that
+    committed it (arbitrary where nothing was committed).
+  """
+  rank_logits_fn = make_rank_logits_fn(
+      block_size=block_size,
+      mask_token_id=mask_token_id,
+      alignment=alignment,
+      max_steps_per_block=max_steps_per_block,
+  )
+
+  def logits_fn(model, model_inputs):
+    logits, ranks = rank_logits_fn(model, model_inputs)
+    # Each slot keeps the logits of the rank (step) that committed it.
+    return jnp.take_along_axis(logits, ranks[None, :, :, None], axis=0)[0]
 
   return logits_fn
 
@@ -429,24 +463,37 @@ def compute_diffusion_per_token_logps(
     logps = jax.lax.stop_gradient(logps)
   if not return_entropy:
     return logps
-  probs = jnp.exp(log_probs)
-  # `where` before the product: 0 * -inf would poison values and gradients.
-  safe_log_probs = jnp.where(probs > 0, log_probs, 0.0)
-  entropy = -jnp.sum(probs * safe_log_probs, axis=-1)
-  entropy = jnp.where(active, entropy, 0.0)
+  entropy = jnp.where(active, proposal_entropy(log_probs), 0.0)
   if stop_gradient:
     entropy = jax.lax.stop_gradient(entropy)
   return logps, entropy
 
 
-def trajectory_logits_fn_for(config: config_lib.DenoiseConfig):
-  """`make_trajectory_logits_fn` for rollouts made with `config`."""
-  return make_trajectory_logits_fn(
+def _rollout_kwargs(config: config_lib.DenoiseConfig) -> dict[str, Any]:
+  return dict(
       block_size=config.block_size,
       mask_token_id=config.mask_token_id,
       alignment=config.alignment,
       max_steps_per_block=config.steps_per_block,
   )
+
+
+def proposal_entropy(log_probs: jax.Array) -> jax.Array:
+  """Entropy float32 [...] of log-probs [..., V] that may hold -inf."""
+  probs = jnp.exp(log_probs)
+  # `where` before the product: 0 * -inf would poison values and gradients.
+  safe_log_probs = jnp.where(probs > 0, log_probs, 0.0)
+  return -jnp.sum(probs * safe_log_probs, axis=-1)
+
+
+def trajectory_logits_fn_for(config: config_lib.DenoiseConfig):
+  """`make_trajectory_logits_fn` for rollouts made with `config`."""
+  return make_trajectory_logits_fn(**_rollout_kwargs(config))
+
+
+def rank_logits_fn_for(config: config_lib.DenoiseConfig):
+  """`make_rank_logits_fn` for rollouts made with `config`."""
+  return make_rank_logits_fn(**_rollout_kwargs(config))
 
 
 def score_trajectories(
@@ -495,65 +542,4 @@ def score_trajectories(
       config=config,
       stop_gradient=stop_gradient,
       return_entropy=return_entropy,
-  )
-
-
-# config -> [(graphdef, jitted scorer)]. Models with equal graph definitions
-# (the policy and its reference copy, the rollout and the actor) share one
-# compiled program; GraphDefs are unhashable, so they are compared with ==.
-_SCORERS: dict[config_lib.DenoiseConfig, list] = {}
-_SCORERS_LOCK = threading.Lock()
-
-
-def _jitted_scorer(graphdef, config: config_lib.DenoiseConfig):
-  with _SCORERS_LOCK:
-    entries = _SCORERS.setdefault(config, [])
-    for known, program in entries:
-      if known == graphdef:
-        return program
-    logits_fn = trajectory_logits_fn_for(config)
-
-    def run(state, model_inputs, target_ids, loss_weights):
-      batch = compat.DiffusionTokenBatch(
-          model_inputs=model_inputs,
-          target_ids=target_ids,
-          loss_weights=loss_weights,
-      )
-      return compute_diffusion_per_token_logps(
-          nnx.merge(graphdef, state), batch, logits_fn, config=config
-      )
-
-    program = jax.jit(run)
-    entries.append((graphdef, program))
-    return program
-
-
-def score_trajectories_jit(
-    model,
-    prompt_tokens,
-    prompt_mask,
-    completion_tokens,
-    commit_step,
-    config: config_lib.DenoiseConfig,
-) -> jax.Array:
-  """`score_trajectories` (detached) as a cached compiled program.
-
-  Validates eagerly, then runs one program compiled per (model structure,
-  config, shapes); the model's current parameters are passed on each call,
-  so updated weights need no recompilation.
-
-  Returns:
-    float32 [B, N] log-probs, 0 where never committed.
-  """
-  batch = prepare_trajectory_batch(
-      prompt_tokens,
-      prompt_mask,
-      completion_tokens,
-      commit_step,
-      mask_token_id=config.mask_token_id,
-  )
-  graphdef, state = nnx.split(model)
-  program = _jitted_scorer(graphdef, config)
-  return program(
-      state, batch.model_inputs, batch.target_ids, batch.loss_weights
   )

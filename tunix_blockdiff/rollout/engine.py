@@ -19,7 +19,8 @@ Besides Tunix's `RolloutOutput` fields (text and tokens cut at EOS, EOS
 excluded, per-token log-probs), `generate` returns a
 `BlockDiffusionRolloutOutput` carrying each rollout's denoising trace:
 every committed token and its commit step. Trajectory-exact scoring
-(`tunix_blockdiff.rl.scoring`) rebuilds each step's canvas from it.
+(`tunix_blockdiff.rl.scoring`, `rl.likelihood`) rebuilds each step's canvas
+from it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from tunix.rl import reshard
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff.rl import scoring
+from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rollout import cached
 
 
@@ -380,7 +381,8 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
     try:
       yield records
     finally:
-      self._recorders.remove(records)
+      # By identity: nested recorders can hold equal lists.
+      self._recorders[:] = [r for r in self._recorders if r is not records]
 
   # ---------------------------------------------------------------------------
   # BaseRollout interface.
@@ -393,6 +395,7 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
       commit_step: jax.Array | None = None,
       *,
       config: config_lib.DenoiseConfig | None = None,
+      likelihood: str = "exact",
   ) -> jax.Array:
     """Trajectory-exact log-probs of rollouts under the current parameters.
 
@@ -403,6 +406,9 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
         block-diffusion rollout's probability depends on the order its
         tokens were committed, which the tokens alone do not tell.
       config: The rollout's `DenoiseConfig` (default: `score_config`).
+      likelihood: `exact` (per-token shares of the exact trajectory
+        log-prob, selection included) or `committed_only` (the log-probs
+        the rollout recorded); see `rl.likelihood`.
 
     Returns:
       float32 [B, N] log-probs, 0 where never committed.
@@ -414,13 +420,14 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
           " or pass BlockDiffusionRolloutOutput.commit_steps)"
       )
     config = config or self.score_config
-    return scoring.score_trajectories_jit(
+    return likelihood_lib.score_trajectories_jit(
         self._model,
         prompt_tokens,
         prompt_mask_from_tokens(prompt_tokens, self.pad_id()),
         completion_tokens,
         commit_step,
         config,
+        likelihood=likelihood,
     )
 
   def update_params(
