@@ -47,7 +47,11 @@ def test_sft_trains_and_evaluates_on_jsonl_files(tmp_path, capsys):
   )
   evals = _jsonl(tmp_path / "eval.jsonl", _pairs(4, 1))
   out = tmp_path / "run"
-  argv = [f"dataset.train={train}", f"dataset.eval={evals}", f"output_dir={out}"]
+  argv = [
+      f"dataset.train={train}",
+      f"dataset.eval={evals}",
+      f"output_dir={out}",
+  ]
   assert cli.main(["sft", *argv, *SMALL]) == 0
   captured = capsys.readouterr()
   summary = json.loads((out / "summary.json").read_text())
@@ -65,10 +69,17 @@ def test_sft_trains_and_evaluates_on_jsonl_files(tmp_path, capsys):
   # Printed samples: prompt, reference, generation (coloured when a TTY).
   assert "reference:  " + _pairs(4, 1)[0]["completion"] in captured.out
   assert "generation: " in captured.out
+  # `generate RUN_DIR` takes its prompts from the run's eval file.
+  assert cli.main(["generate", str(out), "png=" + str(tmp_path / "t.png")]) == 0
+  generated = json.loads((out / "generate.json").read_text())
+  assert generated["prompts"] == [r["prompt"] for r in _pairs(4, 1)]
+  assert generated["answers"] == [r["completion"] for r in _pairs(4, 1)]
 
 
 def test_a_dataset_without_eval_trains_only(tmp_path):
-  table = pa.Table.from_pylist([{"text": r["prompt"] * 2} for r in _pairs(8, 2)])
+  table = pa.Table.from_pylist(
+      [{"text": r["prompt"] * 2} for r in _pairs(8, 2)]
+  )
   pq.write_table(table, tmp_path / "train.parquet")
   cfg = common.load_recipe([
       f"dataset.train={tmp_path / '*.parquet'}",

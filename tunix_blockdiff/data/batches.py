@@ -85,7 +85,7 @@ class SFTBatches:
         0 <= rows[0] < rows[1] <= data_config.batch_size
     ):
       raise ValueError(
-          f"rows must be (lo, hi) with 0 <= lo < hi <= batch_size="
+          "rows must be (lo, hi) with 0 <= lo < hi <= batch_size="
           f"{data_config.batch_size}, got {rows}"
       )
     self.rows = (0, data_config.batch_size) if rows is None else tuple(rows)

@@ -137,7 +137,9 @@ def _load(settings, split: str, tokenizer, limit, **check) -> Any:
       limit=limit,
       **check,
   )
-  line = f"dataset.{split}: {len(examples)} examples from {examples.num_rows} rows"
+  line = (
+      f"dataset.{split}: {len(examples)} examples from {examples.num_rows} rows"
+  )
   if examples.num_bad:
     line += (
         f", {examples.num_bad} bad rows skipped (bad_rows=skip; first:"
