@@ -21,8 +21,9 @@ from tunix_blockdiff import tiny_models
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
-from tunix_blockdiff.rl import scoring
+from tunix_blockdiff.rl import likelihood
 from tunix_blockdiff.rl import trainer as trainer_lib
+from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import engine as engine_lib
 
 tunix_blockdiff.register()
@@ -43,34 +44,36 @@ def _model():
 
 
 def _trajectories(seed=0, batch=4, width=7, num_new=9):
-  """Left-padded prompts and synthetic denoising traces.
+  """Left-padded prompts and sampled denoising traces of the policy.
 
-  Each block's slots are committed one per step in a random order, blocks
-  in logical order; the last row stops early (its tail is never committed).
+  Real rollouts (the exact likelihood scores what the sampler can do);
+  threshold 0.3 gives multi-commit and forced steps, EOS early stops.
   """
   rs = np.random.RandomState(seed)
   lengths = rs.randint(1, width + 1, size=batch)
   prompt_mask = np.arange(width)[None] >= width - lengths[:, None]
   prompts = np.where(prompt_mask, rs.randint(4, VOCAB, size=(batch, width)), 0)
-  tokens = rs.randint(4, VOCAB, size=(batch, num_new))
-  steps = np.full((batch, num_new), -1)
-  for b in range(batch):
-    block = (lengths[b] + np.arange(num_new)) // CONFIG.block_size
-    order = np.lexsort((rs.rand(num_new), block))
-    steps[b, order] = np.arange(num_new)
-  steps[-1, -3:] = -1
+  result = cached.generate(
+      _model(),
+      prompts.astype(np.int32),
+      lengths,
+      CONFIG,
+      max_new_tokens=num_new,
+      rng=jax.random.key(seed),
+      use_cache=False,
+  )
   return (
       prompts.astype(np.int32),
       prompt_mask,
-      tokens.astype(np.int32),
-      steps.astype(np.int32),
+      np.asarray(result.trace_tokens),
+      np.asarray(result.trace_commit_step),
   )
 
 
 @functools.lru_cache(maxsize=None)
 def _example():
   prompts, prompt_mask, tokens, steps = _trajectories()
-  ref = scoring.score_trajectories_jit(
+  ref = likelihood.score_trajectories_jit(
       _model(), prompts, prompt_mask, tokens, steps, CONFIG
   )
   return grpo.BlockDiffusionTrainExample(
@@ -123,6 +126,52 @@ def test_ratio_is_exactly_one_on_the_first_iteration():
   assert float(out.aux_metrics["is_ratio/max"]) == 1.0
   assert float(out.aux_metrics["is_ratio/min"]) == 1.0
   assert float(out.aux_metrics["pg_clipfrac"].compute()) == 0.0
+
+
+def test_exact_likelihood_gradient_flows_through_the_selection_term():
+  example = _example()
+
+  def total(model, kind):
+    logps, _ = grpo.policy_log_probs(model, example, CONFIG, kind)
+    return jnp.sum(logps)
+
+  values, grads = {}, {}
+  for kind in likelihood.LIKELIHOODS:
+    values[kind], grads[kind] = nnx.jit(
+        nnx.value_and_grad(functools.partial(total, kind=kind))
+    )(_model())
+  # Selection probabilities are <= 1 and here not all 1.
+  assert float(values["exact"]) < float(values["committed_only"]) - 1e-3
+  exact = [np.asarray(g) for g in jax.tree.leaves(grads["exact"])]
+  only = [np.asarray(g) for g in jax.tree.leaves(grads["committed_only"])]
+  assert all(np.all(np.isfinite(g)) for g in exact)
+  # The selection term's own gradient: finite and nonzero.
+  selection_grad = sum(float(np.abs(a - b).sum()) for a, b in zip(exact, only))
+  assert np.isfinite(selection_grad) and selection_grad > 1e-4
+
+
+def test_ppo_ratio_is_one_before_and_not_after_an_update():
+  # num_iterations > 1: the old log-probs are the rollout policy's, scored
+  # by the cluster's program; the loss's ratio is 1 until the policy moves.
+  prompts, prompt_mask, tokens, steps = _trajectories()
+  old = likelihood.score_trajectories_jit(
+      _model(), prompts, prompt_mask, tokens, steps, CONFIG
+  )
+  example = _example().replace(old_per_token_logps=old)
+  algo = _algo(num_iterations=2)
+  loss_fn = function_registry.get_policy_loss_fn("bd_grpo")
+  out = loss_fn(_model(), example, algo, pad_id=0, eos_id=EOS)
+  assert float(out.aux_metrics["is_ratio/max"]) == pytest.approx(1.0, abs=1e-5)
+  assert float(out.aux_metrics["is_ratio/min"]) == pytest.approx(1.0, abs=1e-5)
+  _, grads = _loss_and_grad()
+  updated = nnx.clone(_model())
+  params = nnx.state(updated, nnx.Param)
+  nnx.update(updated, jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
+  out = loss_fn(updated, example, algo, pad_id=0, eos_id=EOS)
+  ratio_max = float(out.aux_metrics["is_ratio/max"])
+  ratio_min = float(out.aux_metrics["is_ratio/min"])
+  assert np.isfinite(ratio_max) and np.isfinite(ratio_min)
+  assert max(ratio_max - 1.0, 1.0 - ratio_min) > 1e-3
 
 
 @pytest.mark.parametrize("mode", grpo.LOSS_AGG_MODES)

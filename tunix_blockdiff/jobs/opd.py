@@ -350,6 +350,7 @@ def run(cfg) -> dict[str, Any]:
       estimator=str(opd_cfg.estimator),
       beta=float(opd_cfg.beta),
       temperature=float(opd_cfg.temperature),
+      likelihood=str(opd_cfg.get("likelihood", "exact")),
   )
   learner = opd.BlockDiffusionOPDLearner(
       cluster, algo_config, teacher, teacher_kind="ar", reward_fns=[reward_fn]

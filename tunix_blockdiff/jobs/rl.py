@@ -157,6 +157,7 @@ def run(cfg) -> dict[str, Any]:
           beta=float(grpo_cfg.beta),
           epsilon=float(grpo_cfg.epsilon),
           loss_agg_mode=str(grpo_cfg.loss_agg_mode),
+          likelihood=str(grpo_cfg.get("likelihood", "exact")),
       ),
       reward_fns=[tracked_reward],
   )
