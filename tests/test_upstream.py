@@ -38,7 +38,9 @@ ELBO = config_lib.BlockDiffusionConfig(
 
 main_only = pytest.mark.skipif(
     not compat.TUNIX_HAS_DIFFUSION,
-    reason="Tunix main's tunix.diffusion is not importable (google-tunix 0.1.7)",
+    reason=(
+        "Tunix main's tunix.diffusion is not importable (google-tunix 0.1.7)"
+    ),
 )
 
 
@@ -60,7 +62,10 @@ class _LogitsFnDouble(Protocol):
 
 def _positional_arity(fn) -> int:
   params = inspect.signature(fn).parameters.values()
-  kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+  kinds = (
+      inspect.Parameter.POSITIONAL_ONLY,
+      inspect.Parameter.POSITIONAL_OR_KEYWORD,
+  )
   return sum(1 for p in params if p.kind in kinds and p.name != "self")
 
 
@@ -169,9 +174,9 @@ def test_compute_diffusion_logits_is_the_trainers_logits(dcfg):
   model = _model()
   prepared = upstream.BlockDiffusionBatchAdapter()(batch)
   logits_fn = upstream.BlockDiffusionLogitsFn(dcfg)
-  got = jax.jit(
-      lambda b: compat.compute_diffusion_logits(model, b, logits_fn)
-  )(prepared)
+  got = jax.jit(lambda b: compat.compute_diffusion_logits(model, b, logits_fn))(
+      prepared
+  )
   fields = {k: batch[k] for k in upstream.MODEL_INPUT_KEYS}
   want = trainer_lib.diffusion_logits(model, dcfg, **fields)
   assert got.shape == (2, SEQ, VOCAB)
@@ -308,11 +313,14 @@ def test_stock_peft_trainer_takes_the_steps_of_block_diffusion_trainer():
   stock = peft_trainer.PeftTrainer(
       stock_model, optax.adam(0.05), _training_config(max_steps=steps)
   )
-  assert upstream.configure_diffusion_sft(
-      stock,
-      upstream.BlockDiffusionBatchAdapter(),
-      upstream.BlockDiffusionLogitsFn(dcfg),
-  ) is stock
+  assert (
+      upstream.configure_diffusion_sft(
+          stock,
+          upstream.BlockDiffusionBatchAdapter(),
+          upstream.BlockDiffusionLogitsFn(dcfg),
+      )
+      is stock
+  )
   # 0.1.7's PeftTrainer needs (mean, aux); Tunix main reduces LossOutput.
   assert stock._has_aux == (not compat.TUNIX_HAS_LOSS_OUTPUT)
   stock.train(batches)
@@ -336,8 +344,9 @@ def test_stock_peft_trainer_takes_the_steps_of_block_diffusion_trainer():
   initial = jax.tree.leaves(nnx.state(_model(), nnx.Param))
   stock_params = jax.tree.leaves(nnx.state(stock_model, nnx.Param))
   our_params = jax.tree.leaves(nnx.state(ours_model, nnx.Param))
-  assert max(
-      float(np.max(np.abs(a - b))) for a, b in zip(stock_params, initial)
-  ) > 1e-2
+  assert (
+      max(float(np.max(np.abs(a - b))) for a, b in zip(stock_params, initial))
+      > 1e-2
+  )
   for a, b in zip(stock_params, our_params):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)

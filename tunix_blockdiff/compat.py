@@ -189,9 +189,7 @@ except ImportError:
     def __call__(self, batch: _RawBatchT, /) -> DiffusionTokenBatch:
       ...
 
-  def validate_diffusion_logits(
-      batch: DiffusionTokenBatch, logits: Any
-  ) -> Any:
+  def validate_diffusion_logits(batch: DiffusionTokenBatch, logits: Any) -> Any:
     """Returns `logits` after checking they align with `batch.target_ids`.
 
     Static checks (jit-safe): float [B, L, V] with V >= 1 and [B, L] equal to

@@ -67,9 +67,7 @@ class BlockDiffusionBatchAdapter:
   `DiffusionTokenBatch.validate` also checks the values).
   """
 
-  def __call__(
-      self, batch: Mapping[str, Any], /
-  ) -> compat.DiffusionTokenBatch:
+  def __call__(self, batch: Mapping[str, Any], /) -> compat.DiffusionTokenBatch:
     """Prepares one batch.
 
     Args:
@@ -88,14 +86,13 @@ class BlockDiffusionBatchAdapter:
     """
     if not isinstance(batch, Mapping):
       raise TypeError(
-          f"batch must be a mapping of [B, L] arrays, got {type(batch).__name__}"
+          "batch must be a mapping of [B, L] arrays, got"
+          f" {type(batch).__name__}"
       )
     _missing(batch, MODEL_INPUT_KEYS + ("targets", "loss_weights"), "batch")
     shape = tuple(jnp.shape(batch["targets"]))
     if len(shape) != 2:
-      raise ValueError(
-          f"batch['targets'] must have shape [B, L], got {shape}"
-      )
+      raise ValueError(f"batch['targets'] must have shape [B, L], got {shape}")
     for name in MODEL_INPUT_KEYS + ("loss_weights",):
       if tuple(jnp.shape(batch[name])) != shape:
         raise ValueError(
@@ -254,7 +251,10 @@ def configure_diffusion_sft(
           f"trainer must be a Tunix PeftTrainer (with {name}), got"
           f" {type(trainer).__name__}"
       )
-  for name, value in (("batch_adapter", batch_adapter), ("logits_fn", logits_fn)):
+  for name, value in (
+      ("batch_adapter", batch_adapter),
+      ("logits_fn", logits_fn),
+  ):
     if not callable(value):
       raise TypeError(f"{name} must be callable, got {type(value).__name__}")
   if denominator not in DENOMINATORS:
