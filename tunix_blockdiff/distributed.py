@@ -166,14 +166,17 @@ def build_mesh(mesh_cfg: Mapping[str, Any] | None) -> jax.sharding.Mesh | None:
   there are several. With `sp = 1` this is the plain (fsdp, tp) layout.
 
   Args:
-    mesh_cfg: `{fsdp, sp, tp}` (missing: 1) or None (no mesh).
+    mesh_cfg: `{fsdp, sp, tp}` (missing: 1) or None: no mesh with one
+      process, `fsdp` over every device with several.
 
   Returns:
     A mesh with axes ("fsdp", "sp", "tp") over the first fsdp * sp * tp
     devices (all processes' devices when it uses all of them), or None.
   """
   if mesh_cfg is None:
-    return None
+    if jax.process_count() == 1:
+      return None
+    mesh_cfg = {"fsdp": jax.device_count()}
   shape = mesh_shape(mesh_cfg)
   fsdp, sp, tp = shape["fsdp"], shape["sp"], shape["tp"]
   devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))

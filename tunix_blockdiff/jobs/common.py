@@ -31,6 +31,7 @@ import yaml
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import models as models_lib
 from tunix_blockdiff import tasks as tasks_lib
@@ -164,7 +165,8 @@ def prepare_output_dir(cfg: omegaconf.DictConfig) -> pathlib.Path:
   """Creates `cfg.output_dir` and saves the resolved recipe in it."""
   out = pathlib.Path(cfg.output_dir).expanduser().resolve()
   out.mkdir(parents=True, exist_ok=True)
-  omegaconf.OmegaConf.save(cfg, out / RECIPE_FILE)
+  if distributed.is_main_process():
+    omegaconf.OmegaConf.save(cfg, out / RECIPE_FILE)
   return out
 
 
@@ -184,8 +186,10 @@ def _jsonable(value: Any) -> Any:
 def write_summary(
     out: pathlib.Path, summary: Mapping[str, Any]
 ) -> pathlib.Path:
-  """Writes `summary.json` (NumPy/JAX scalars become numbers)."""
+  """Writes `summary.json` (NumPy/JAX scalars become numbers; process 0)."""
   path = pathlib.Path(out) / SUMMARY_FILE
+  if not distributed.is_main_process():
+    return path
   path.write_text(
       json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n"
   )
@@ -225,8 +229,10 @@ def plot_training_figure(
     title: Figure title.
 
   Returns:
-    `path`.
+    `path` (written by process 0 only).
   """
+  if not distributed.is_main_process():
+    return pathlib.Path(path)
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
@@ -339,23 +345,8 @@ def build_task_data(
 
 
 def build_mesh(mesh_cfg) -> jax.sharding.Mesh | None:
-  """An (fsdp, tp) mesh over the first fsdp * tp devices; None for `null`."""
-  if mesh_cfg is None:
-    return None
-  fsdp, tp = int(mesh_cfg.get("fsdp", 1)), int(mesh_cfg.get("tp", 1))
-  if fsdp < 1 or tp < 1:
-    raise ValueError(f"mesh.fsdp and mesh.tp must be >= 1, got {fsdp}, {tp}")
-  devices = jax.devices()
-  if fsdp * tp > len(devices):
-    raise ValueError(
-        f"mesh needs fsdp * tp = {fsdp * tp} devices, {len(devices)} available"
-    )
-  return jax.make_mesh(
-      (fsdp, tp),
-      ("fsdp", "tp"),
-      axis_types=(jax.sharding.AxisType.Auto,) * 2,
-      devices=devices[: fsdp * tp],
-  )
+  """The (fsdp, sp, tp) mesh over every process's devices (`distributed`)."""
+  return distributed.build_mesh(None if mesh_cfg is None else to_dict(mesh_cfg))
 
 
 def mesh_scope(mesh: jax.sharding.Mesh | None):
@@ -380,9 +371,14 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
 model_vocab_size = models_lib.model_vocab_size
 
 
+def lora_enabled(lora_cfg) -> bool:
+  """Whether a recipe's `lora` section asks for LoRA (null: no)."""
+  return lora_cfg is not None and bool(lora_cfg.get("enabled", True))
+
+
 def apply_lora(model, lora_cfg, *, seed: int):
   """qwix LoRA on the modules matching `lora.module_path` (None: no LoRA)."""
-  if lora_cfg is None or not lora_cfg.get("enabled", True):
+  if not lora_enabled(lora_cfg):
     return model
   import qwix  # pylint: disable=g-import-not-at-top
 
@@ -483,11 +479,14 @@ def evaluate_generation(
     max_new_tokens: int,
     batch_size: int,
     use_cache: bool = True,
+    mesh: jax.sharding.Mesh | None = None,
 ) -> GenerationEval:
   """Generates every example's completion and scores it exactly.
 
   Batches are padded to `batch_size` (repeating the last example) so one
-  compiled program serves all of them.
+  compiled program serves all of them. Under a `mesh` (a multiple of
+  mesh.fsdp rows) the prompts are sharded over fsdp, each process placing
+  its own rows, and the results gathered: every process scores them all.
   """
   from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
 
@@ -498,17 +497,23 @@ def evaluate_generation(
   all_tokens, all_steps = [], []
   for start in range(0, num, batch_size):
     index = np.minimum(np.arange(start, start + batch_size), num - 1)
+    batch = {"prompts": prompts[index], "lengths": lengths[index]}
+    if mesh is not None:
+      lo, hi = distributed.process_rows(mesh, batch_size)
+      batch = distributed.global_batch(
+          {k: v[lo:hi] for k, v in batch.items()}, mesh, batch_size
+      )
     result = cached.generate(
         model,
-        prompts[index],
-        lengths[index],
+        batch["prompts"],
+        batch["lengths"],
         denoise_config,
         max_new_tokens=max_new_tokens,
         use_cache=use_cache,
     )
-    tokens = np.asarray(result.tokens)
-    commit_step = np.asarray(result.commit_step)
-    trace_step = np.asarray(result.trace_commit_step)
+    tokens = distributed.gather(result.tokens)
+    commit_step = distributed.gather(result.commit_step)
+    trace_step = distributed.gather(result.trace_commit_step)
     real = min(batch_size, num - start)
     all_tokens.append(tokens[:real])
     all_steps.append(commit_step[:real])
@@ -583,7 +588,10 @@ def job_main(
     print(f"usage: tunix-blockdiff {command} [RECIPE.yaml] [key=value ...]")
     return 0
   cfg = load_recipe(argv, default_recipe=default_recipe)
+  # Before anything touches a JAX backend; no-op without `distributed`.
+  distributed.initialize(to_dict(cfg.get("distributed")))
   summary = run(cfg)
-  print("\n".join(f"{k}: {summary[k]}" for k in keys))
-  print(f"wrote {pathlib.Path(cfg.output_dir) / SUMMARY_FILE}")
+  if distributed.is_main_process():
+    print("\n".join(f"{k}: {summary[k]}" for k in keys))
+    print(f"wrote {pathlib.Path(cfg.output_dir) / SUMMARY_FILE}")
   return 0

@@ -15,6 +15,8 @@ Keys (omegaconf dotlist):
   seed=0               PRNG seed for sampling
   png=null             default: RUN_DIR/trajectory.png
   color=true           ANSI colours in the terminal output
+  mesh=null            {fsdp, sp, tp}: shard the model, prompts over fsdp
+  distributed=null     JAX distributed runtime (see `tunix-blockdiff launch`)
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import checkpoints
 from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.jobs import common
@@ -45,6 +48,8 @@ DEFAULTS = {
     "seed": 0,
     "png": None,
     "color": True,
+    "mesh": None,
+    "distributed": None,
 }
 OUTPUT_FILE = "generate.json"
 FIGURE_FILE = "trajectory.png"
@@ -80,23 +85,26 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
   return run_dir, options
 
 
-def load_trained_model(run_dir: pathlib.Path, cfg):
+def load_trained_model(run_dir: pathlib.Path, cfg, mesh=None):
   """The model of an SFT run with its latest checkpoint (LoRA merged).
+
+  Under a `mesh` the parameters are placed by the model's partition specs
+  before the restore, so every process restores its own shards.
 
   Returns:
     (model, restored_step). Raises if the run has no checkpoint.
   """
-  model = common.build_model(cfg.model, seed=int(cfg.seed))
+  model = common.build_model(cfg.model, seed=int(cfg.seed), mesh=mesh)
   base_model = model
+  lora = common.lora_enabled(cfg.get("lora"))
   model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
+  model = common.shard_model(model, mesh)
   manager = checkpoint_lib.CheckpointManager(str(run_dir / "checkpoints"))
-  step, _ = manager.maybe_restore(
-      model, restore_only_lora_params=model is not base_model
-  )
+  step, _ = manager.maybe_restore(model, restore_only_lora_params=lora)
   manager.close()
   if step == 0:
     raise FileNotFoundError(f"no checkpoint found under {run_dir / 'checkpoints'}")
-  if model is not base_model:
+  if lora:
     model = checkpoints.merge_lora(
         model, base_model, rank=int(cfg.lora.rank), alpha=float(cfg.lora.alpha)
     )
@@ -105,10 +113,16 @@ def load_trained_model(run_dir: pathlib.Path, cfg):
 
 def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
   """Generates and renders; returns what `generate.json` holds."""
+  mesh = common.build_mesh(options.mesh)
+  with common.mesh_scope(mesh):
+    return _run(run_dir, options, mesh)
+
+
+def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
   cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
   diffusion = common.diffusion_config_from(cfg.diffusion)
-  model, step = load_trained_model(run_dir, cfg)
+  model, step = load_trained_model(run_dir, cfg, mesh)
 
   task, encoded = None, None
   if options.prompts is None:
@@ -161,16 +175,28 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
   )
   from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
 
+  batch = {"prompts": prompt_tokens, "lengths": lengths}
+  if mesh is not None:
+    # Prompts sharded over fsdp (each process places its rows), padded to a
+    # multiple of mesh.fsdp with copies of the last prompt.
+    num, fsdp = len(prompts), int(mesh.shape["fsdp"])
+    size = -(-num // fsdp) * fsdp
+    index = np.minimum(np.arange(size), num - 1)
+    lo, hi = distributed.process_rows(mesh, size)
+    batch = distributed.global_batch(
+        {k: v[index[lo:hi]] for k, v in batch.items()}, mesh, size
+    )
   result = cached.generate(
       model,
-      prompt_tokens,
-      lengths,
+      batch["prompts"],
+      batch["lengths"],
       denoise_config,
       max_new_tokens=int(max_new),
       rng=jax.random.key(int(options.seed)),
   )
-  tokens = np.asarray(result.tokens)
-  commit_step = np.asarray(result.commit_step)
+  tokens = distributed.gather(result.tokens)[: len(prompts)]
+  commit_step = distributed.gather(result.commit_step)[: len(prompts)]
+  logprobs = distributed.gather(result.logprobs)[: len(prompts)]
   completions = [tokenizer.decode(row) for row in tokens]
   committed = int((commit_step >= 0).sum())
   # As in the SFT eval: a row takes part in every step until its last commit.
@@ -183,16 +209,19 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
     return text or "·"
 
   png = pathlib.Path(options.png or run_dir / FIGURE_FILE)
-  trajectory.render_png(
-      str(png),
-      tokens,
-      commit_step,
-      decode_token,
-      diffusion.block_size,
-      first_position=lengths,
-      row_labels=prompts,
-      title=f"denoising trajectory (threshold {float(options.threshold):g}, step {step})",
-  )
+  # Every process holds the gathered results; process 0 writes and prints.
+  main_process = distributed.is_main_process()
+  if main_process:
+    trajectory.render_png(
+        str(png),
+        tokens,
+        commit_step,
+        decode_token,
+        diffusion.block_size,
+        first_position=lengths,
+        row_labels=prompts,
+        title=f"denoising trajectory (threshold {float(options.threshold):g}, step {step})",
+    )
   text = trajectory.render_terminal(
       tokens,
       commit_step,
@@ -205,7 +234,8 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
     import re  # pylint: disable=g-import-not-at-top
 
     text = re.sub(r"\x1b\[[0-9;]*m", "", text)
-  print(text)
+  if main_process:
+    print(text)
   output = {
       "checkpoint_step": step,
       "prompts": prompts,
@@ -218,15 +248,16 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
       ),
       "tokens": tokens,
       "commit_step": commit_step,
-      "logprobs": np.asarray(result.logprobs),
+      "logprobs": logprobs,
       "num_steps": int(result.num_steps),
       "committed_tokens": committed,
       "tokens_per_step": committed / max(calls, 1),
       "png": str(png),
   }
-  (run_dir / OUTPUT_FILE).write_text(
-      json.dumps(common._jsonable(output), indent=2) + "\n"  # pylint: disable=protected-access
-  )
+  if main_process:
+    (run_dir / OUTPUT_FILE).write_text(
+        json.dumps(common._jsonable(output), indent=2) + "\n"  # pylint: disable=protected-access
+    )
   return output
 
 
@@ -236,12 +267,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(__doc__)
     return 0
   run_dir, options = parse_args(argv)
+  distributed.initialize(common.to_dict(options.distributed))
   output = run(run_dir, options)
-  print(
-      f"tokens_per_step: {output['tokens_per_step']:.2f}  exact_match:"
-      f" {output['exact_match']}  wrote {output['png']} and"
-      f" {run_dir / OUTPUT_FILE}"
-  )
+  if distributed.is_main_process():
+    print(
+        f"tokens_per_step: {output['tokens_per_step']:.2f}  exact_match:"
+        f" {output['exact_match']}  wrote {output['png']} and"
+        f" {run_dir / OUTPUT_FILE}"
+    )
   return 0
 
 

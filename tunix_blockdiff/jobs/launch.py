@@ -76,12 +76,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
   return args
 
 
-def process_argv(command: Sequence[str], port: int, n: int, i: int) -> list[str]:
-  """`tunix-blockdiff CMD ...` for process i of n."""
+PROGRAM = (sys.executable, "-m", "tunix_blockdiff.cli")
+
+
+def process_argv(
+    command: Sequence[str],
+    port: int,
+    n: int,
+    i: int,
+    program: Sequence[str] = PROGRAM,
+) -> list[str]:
+  """`tunix-blockdiff CMD ...` (or `program CMD ...`) for process i of n."""
   return [
-      sys.executable,
-      "-m",
-      "tunix_blockdiff.cli",
+      *program,
       *command,
       f"distributed.coordinator_address=127.0.0.1:{port}",
       f"distributed.num_processes={n}",
@@ -103,8 +110,23 @@ def launch(
     devices_per_process: int | None = None,
     grace: float = 10.0,
     port: int | None = None,
+    program: Sequence[str] = PROGRAM,
 ) -> int:
-  """Runs the N processes; 0 iff all exit 0 (see the module docstring)."""
+  """Runs the N processes; 0 iff all exit 0 (see the module docstring).
+
+  Args:
+    command: `CMD [args ...]`, e.g. `["sft", "mesh.fsdp=8"]`.
+    processes: N.
+    devices_per_process: Simulated CPU devices per process (None: leave
+      XLA_FLAGS as it is).
+    grace: Seconds between SIGTERM and SIGKILL of the survivors.
+    port: Coordinator port (None: a free one).
+    program: What runs `command` (default `python -m tunix_blockdiff.cli`).
+
+  Returns:
+    0 when every process exits 0; else the first failure's exit code (1
+    if it was 0 or negative), 130 after SIGINT or SIGTERM.
+  """
   port = port or free_port()
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if devices_per_process is not None:
@@ -113,7 +135,7 @@ def launch(
   procs, threads = [], []
   for i in range(processes):
     proc = subprocess.Popen(
-        process_argv(command, port, processes, i),
+        process_argv(command, port, processes, i, program),
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -127,6 +149,8 @@ def launch(
     thread.start()
     threads.append(thread)
   failed = None
+  # SIGTERM (a scheduler, `kill`) stops the children too, as Ctrl-C does.
+  previous = signal.signal(signal.SIGTERM, _interrupt)
   try:
     while True:
       codes = [p.poll() for p in procs]
@@ -139,6 +163,8 @@ def launch(
       time.sleep(0.2)
   except KeyboardInterrupt:
     failed = -1
+  finally:
+    signal.signal(signal.SIGTERM, previous)
   if failed is not None:
     _stop(procs, grace)
   for thread in threads:
@@ -152,8 +178,14 @@ def launch(
         f" {procs[failed].returncode}; stopped the others",
         file=sys.stderr,
     )
-    return procs[failed].returncode or 1
+    code = procs[failed].returncode
+    return code if code and code > 0 else 1
   return 0
+
+
+def _interrupt(signum, frame):
+  del signum, frame
+  raise KeyboardInterrupt
 
 
 def _stop(procs, grace: float) -> None:

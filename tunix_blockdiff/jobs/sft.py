@@ -24,6 +24,7 @@ from tunix.sft import metrics_logger as metrics_lib
 from tunix_blockdiff import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common
@@ -147,6 +148,41 @@ def _data_config(cfg, tokenizer, vocab_size: int) -> data_lib.DataConfig:
     raise errors.UsageError(f"recipe section data: {e}") from None
 
 
+def _datasets(task_data, diffusion, data_config, cfg, mesh):
+  """(train batches, eval batches or None); global arrays under a mesh.
+
+  Under a mesh, `data.cp_size` follows `mesh.sp`, each process builds only
+  the rows of every training batch its devices hold, and the batches are
+  global arrays: the same global batch as one process builds alone.
+  """
+  eval_size = int(cfg.eval.batch_size)
+  rows = None
+  if mesh is not None:
+    data_config = dataclasses.replace(
+        data_config,
+        cp_size=distributed.check_cp_size(mesh, data_config.cp_size),
+    )
+    rows = distributed.process_rows(mesh, data_config.batch_size)
+  train_ds = data_lib.SFTBatches(
+      task_data.train, diffusion, data_config, rows=rows
+  )
+  eval_ds = None
+  if task_data.eval is not None:
+    eval_ds = data_lib.eval_batches(
+        task_data.eval,
+        diffusion,
+        dataclasses.replace(data_config, batch_size=eval_size),
+    )
+  if mesh is None:
+    return train_ds, eval_ds
+  train_ds = distributed.GlobalBatches(
+      train_ds, mesh, data_config.batch_size
+  )
+  if eval_ds is not None:
+    eval_ds = distributed.GlobalBatches(eval_ds, mesh, eval_size, sliced=True)
+  return train_ds, eval_ds
+
+
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   mesh = common.build_mesh(cfg.get("mesh"))
@@ -173,21 +209,14 @@ def _run(cfg, mesh) -> dict[str, Any]:
   model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
   model = common.shard_model(model, mesh)
   data_config = _data_config(cfg, tokenizer, vocab_size)
-  train_ds = data_lib.SFTBatches(task_data.train, diffusion, data_config)
-  eval_ds = None
-  if task_data.eval is not None:
-    eval_ds = data_lib.eval_batches(
-        task_data.eval,
-        diffusion,
-        dataclasses.replace(data_config, batch_size=int(cfg.eval.batch_size)),
-    )
+  train_ds, eval_ds = _datasets(task_data, diffusion, data_config, cfg, mesh)
   trainer = trainer_lib.BlockDiffusionTrainer(
       model,
       common.make_optimizer(cfg.training),
       make_training_config(cfg, out),
       diffusion,
   )
-  if not sys.stderr.isatty():
+  if not sys.stderr.isatty() and distributed.is_main_process():
     trainer.with_training_hooks(
         ProgressLines(
             int(cfg.training.eval_every_n_steps) // 2 or 1,
@@ -219,7 +248,9 @@ def _run(cfg, mesh) -> dict[str, Any]:
   # Generation runs on the LoRA-merged weights: the same function, without
   # qwix's interception inside the jitted denoising loop.
   eval_model = trainer.model
-  if model is not base_model:
+  # LoRA-ness comes from the recipe: sharding makes a new model object, so
+  # `model is not base_model` holds with or without LoRA.
+  if common.lora_enabled(cfg.lora):
     eval_model = checkpoints.merge_lora(
         trainer.model,
         base_model,
@@ -251,6 +282,7 @@ def _run(cfg, mesh) -> dict[str, Any]:
         max_new_tokens=max_new_tokens,
         batch_size=int(cfg.eval.batch_size),
         use_cache=bool(cfg.eval.use_cache),
+        mesh=mesh,
     )
     sweep.append(result.row())
     if threshold == main_threshold:
@@ -293,6 +325,8 @@ def _finish(
       "recipe": common.to_dict(cfg),
       "train_steps": trainer.train_steps,
       "final_train_loss": float(train_loss[-1]) if train_loss.size else None,
+      # Per optimizer step of this run (from its start or resume step).
+      "train_losses": train_loss.tolist(),
       "eval_loss": eval_loss,
       "eval_exact_match": main_eval.exact_match if evaluated else None,
       "tokens_per_step": main_eval.tokens_per_step if evaluated else None,
