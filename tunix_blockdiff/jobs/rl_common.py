@@ -83,6 +83,13 @@ def load_policy(init_cfg, out: pathlib.Path):
 
 def single_device_mesh() -> jax.sharding.Mesh:
   """A 1x1 (`fsdp`, `tp`) mesh on the first device (Auto axes)."""
+  if jax.process_count() > 1:
+    raise NotImplementedError(
+        "the rl and opd jobs run in one process (their rollouts and trainers"
+        f" use one device); got {jax.process_count()} processes. Train the"
+        " SFT warm start with `tunix-blockdiff launch ... -- sft` and run rl"
+        " or opd on its output_dir in one process."
+    )
   return jax.make_mesh(
       (1, 1),
       ("fsdp", "tp"),
