@@ -4,6 +4,8 @@ import importlib.util
 import json
 import pathlib
 
+from hypothesis import given
+from hypothesis import strategies as st
 import numpy as np
 import pytest
 
@@ -59,6 +61,22 @@ def test_text_cut_points_are_seeded_and_deterministic():
   assert cut(0, 5) == cut(0, 5)
   assert len({cut(0, i) for i in range(20)}) > 3  # differs per row
   assert len({cut(s, 5) for s in range(20)}) > 3  # and per seed
+
+
+@given(
+    st.text(alphabet="0123456789abc ", min_size=2, max_size=30),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 10**6),
+)
+def test_a_text_cut_splits_the_document_inside_it(text, seed, index):
+  encoded = rows.encode_row(
+      {"text": text}, where="f:1", index=index, tokenizer=CHAR, seed=seed
+  )
+  assert encoded.prompt_text + encoded.reference == text
+  assert encoded.prompt[0] == CHAR.bos_id() and len(encoded.prompt) >= 2
+  assert (
+      encoded.completion[-1] == CHAR.eos_id() and len(encoded.completion) >= 2
+  )
 
 
 def test_chat_rows_use_the_tokenizers_template(tmp_path):
@@ -128,10 +146,12 @@ def test_error_policy_names_file_and_line(tmp_path, row, message):
 def test_skip_policy_counts_and_keeps_the_rest(tmp_path):
   good = [{"prompt": f"{i}", "completion": f"{i}{i}"} for i in range(4)]
   path = _jsonl(tmp_path / "d.jsonl", good[:2] + [r for r, _ in BAD] + good[2:])
+  with open(path, "a") as f:
+    f.write("{not json\n")
   examples = _examples(path, bad_rows="skip")
   assert len(examples) == 4
   report = examples.report()
-  assert report["rows"] == 4 + len(BAD) and report["skipped"] == len(BAD)
+  assert report["rows"] == 5 + len(BAD) and report["skipped"] == len(BAD) + 1
   assert report["first_skipped"][0].startswith(f"{path}:3: ")
   # Example ids are the row indices (stable under skipping).
   assert [examples[i].example_id for i in range(4)] == [0, 1, 11, 12]
