@@ -153,19 +153,32 @@ def test_registered_bd_opd_trains_on_a_sampled_token_train_example():
           teacher_log_probs, batch.target_ids[..., None], axis=-1
       )[..., 0],
   )
-  algo = opd.BlockDiffusionOPDConfig(
-      estimator="sampled_token",
-      divergence="jsd",
-      beta=0.5,
-      denoise_config=CONFIG,
-  )
   loss_fn = function_registry.get_policy_loss_fn("bd_opd")
-  grads = nnx.jit(
-      nnx.grad(lambda m: loss_fn(m, example, algo).primary_loss.compute())
-  )(student)
-  leaves = [np.asarray(g) for g in jax.tree.leaves(grads)]
-  assert all(np.all(np.isfinite(g)) for g in leaves)
-  assert sum(float(np.abs(g).sum()) for g in leaves) > 0
+  losses, grads = {}, {}
+  for kind in ("exact", "committed_only"):
+    algo = opd.BlockDiffusionOPDConfig(
+        estimator="sampled_token",
+        divergence="jsd",
+        beta=0.5,
+        denoise_config=CONFIG,
+        likelihood=kind,
+    )
+    losses[kind], grad = nnx.jit(
+        nnx.value_and_grad(
+            lambda m, a=algo: loss_fn(m, example, a).primary_loss.compute()
+        )
+    )(student)
+    grads[kind] = [np.asarray(g) for g in jax.tree.leaves(grad)]
+    assert all(np.all(np.isfinite(g)) for g in grads[kind])
+    assert sum(float(np.abs(g).sum()) for g in grads[kind]) > 0
+  # Same estimate; the exact likelihood changes only the score function.
+  np.testing.assert_allclose(
+      losses["exact"], losses["committed_only"], rtol=1e-5
+  )
+  assert any(
+      not np.allclose(a, b)
+      for a, b in zip(grads["exact"], grads["committed_only"])
+  )
 
 
 def test_bad_configurations_raise():
