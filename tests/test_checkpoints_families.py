@@ -138,12 +138,18 @@ def test_config_details():
         _config("llama3"), dtype="float32", param_dtype="bfloat16"
     )
   with pytest.raises(ValueError, match="no flash attention"):
-    hf_configs.gemma3_config_from_hf(_config("gemma3"), use_flash_attention=True)
+    hf_configs.gemma3_config_from_hf(
+        _config("gemma3"), use_flash_attention=True
+    )
   gemma = _config("gemma3")
   # A multimodal config: the text part is read, the vision tower ignored.
   config = hf_configs.gemma3_config_from_hf(
-      {"model_type": "gemma3", "text_config": gemma | {"rope_scaling": {
-          "rope_type": "linear", "factor": 8.0}}},
+      {
+          "model_type": "gemma3",
+          "text_config": (
+              gemma | {"rope_scaling": {"rope_type": "linear", "factor": 8.0}}
+          ),
+      },
       dtype="bfloat16",
   )
   assert config.global_scale_factor == 8.0 and config.local_scale_factor == 1.0

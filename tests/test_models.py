@@ -140,7 +140,9 @@ def test_tunix_zero_mlps_get_no_gradient():
 @pytest.mark.parametrize("family", models.FAMILIES)
 def test_make_logits_fn_is_the_block_causal_model_call(family):
   # Gemma3 with a window (5) shorter than the row: the band acts in both.
-  model = _tiny(family, **({"sliding_window_size": 5} if family == "gemma3" else {}))
+  model = _tiny(
+      family, **({"sliding_window_size": 5} if family == "gemma3" else {})
+  )
   rng = np.random.default_rng(0)
   tokens = jnp.asarray(rng.integers(0, VOCAB, (2, 10)), jnp.int32)
   positions = jnp.broadcast_to(jnp.arange(10), (2, 10))

@@ -59,7 +59,7 @@ def family_of(hf_config: Mapping[str, Any]) -> str:
   if model_type not in MODEL_TYPES:
     raise ValueError(
         f"config.json model_type {model_type!r} is not a Tunix causal LM"
-        f" family this package loads; supported model_type values:"
+        " family this package loads; supported model_type values:"
         f" {sorted(MODEL_TYPES)}"
     )
   return MODEL_TYPES[model_type]

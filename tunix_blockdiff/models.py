@@ -21,7 +21,9 @@ from flax import nnx
 import jax
 
 FAMILIES = ("qwen3", "qwen2", "llama3", "gemma3")
-KINDS = tuple(f"tiny_{f}" for f in FAMILIES) + tuple(f"{f}_hf" for f in FAMILIES)
+KINDS = tuple(f"tiny_{f}" for f in FAMILIES) + tuple(
+    f"{f}_hf" for f in FAMILIES
+)
 
 # Recipe keys of a `tiny_<family>` model (all families share them).
 _TINY_KEYS = (

@@ -86,7 +86,9 @@ def test_cached_equals_cacheless(family, config_name):
 
 def test_gemma3_window_shorter_than_the_cached_span_is_refused():
   config = CONFIGS["threshold"]
-  with pytest.raises(ValueError, match=r"spans 20 slots.*sliding window \(19\)"):
+  with pytest.raises(
+      ValueError, match=r"spans 20 slots.*sliding window \(19\)"
+  ):
     _generate(_model("gemma3", EXACT_WINDOW - 1, 1), config, True)
   # The cacheless path applies the (physical = logical) window itself, and
   # the window really acts there: a 3-slot window changes the tokens.

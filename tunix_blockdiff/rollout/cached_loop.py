@@ -159,10 +159,12 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
         [write_positions, block_start[:, None] + offsets[None, :]], axis=1
     )
     prefix = kv_slot < state.written[:, None, None]
-    write_keys = kv_cache.scratch_valid(write_valid, total, cache_len)[:, None, :]
-    active_keys = kv_cache.scratch_valid(window_valid, total + width, cache_len)[
+    write_keys = kv_cache.scratch_valid(write_valid, total, cache_len)[
         :, None, :
     ]
+    active_keys = kv_cache.scratch_valid(
+        window_valid, total + width, cache_len
+    )[:, None, :]
     mask = jnp.concatenate(
         [
             jnp.broadcast_to(prefix | write_keys, (batch, width, cache_len)),
@@ -173,7 +175,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
         axis=1,
     )
     logits, new_cache = call(
-        tokens, call_positions, kv_cache.at_write_index(state.cache, total), mask
+        tokens,
+        call_positions,
+        kv_cache.at_write_index(state.cache, total),
+        mask,
     )
     cache = kv_cache.copy_scratch(
         state.cache, new_cache, total, width, write_start, pending
@@ -210,7 +215,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     if config.temperature > 0:
       noise = denoise_lib.sampling_noise(rng, state.step, batch, width, vocab)
     proposal, log_prob = denoise_lib.propose(logits, config, noise)
-    eligible = kv_cache.row_slice(status.masked, block_start, width) & live[:, None]
+    eligible = (
+        kv_cache.row_slice(status.masked, block_start, width) & live[:, None]
+    )
     block_steps = jnp.where(block == state.last_block, state.block_steps, 0)
     commit = denoise_lib.select_commits(
         jnp.exp(log_prob), eligible, window_positions, block_steps, config
@@ -218,7 +225,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
 
     def merge(field, new):
       old = kv_cache.row_slice(field, block_start, width)
-      return kv_cache.row_update(field, jnp.where(commit, new, old), block_start)
+      return kv_cache.row_update(
+          field, jnp.where(commit, new, old), block_start
+      )
 
     return _CachedState(
         step=state.step + 1,
@@ -270,4 +279,3 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
       trace_commit_step=completion_of(final.commit_step),
       trace_logprobs=completion_of(final.logprobs),
   )
-

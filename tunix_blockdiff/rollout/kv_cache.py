@@ -5,7 +5,8 @@ per layer, `{'k', 'v': [B, S, num_kv_heads, head_dim], 'end_index': int32
 [B]}`, and writes a call's keys and values at the shared index
 `end_index[0]`. `init_cache` builds it (with `model.init_cache` where the
 model has one), `check_model_for_cache` refuses what the cached driver cannot
-run exactly (flash attention, a sliding window shorter than the cache).
+run exactly (flash attention, a sliding window shorter than what its calls
+span).
 """
 
 from __future__ import annotations

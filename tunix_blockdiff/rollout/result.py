@@ -67,7 +67,9 @@ class GenerationResult(NamedTuple):
     """
     committed = (self.trace_commit_step >= 0) & (self.trace_commit_step < step)
     completion = jnp.where(committed, self.trace_tokens, mask_token_id)
-    layout = sequence_layout(self.prompt_tokens, self.prompt_lengths, completion)
+    layout = sequence_layout(
+        self.prompt_tokens, self.prompt_lengths, completion
+    )
     return layout[0]
 
 
@@ -97,4 +99,3 @@ def sequence_layout(prompt_tokens, prompt_lengths, completion_tokens):
   )
   completion = jnp.broadcast_to(index >= width, (batch, width + num_new))
   return tokens, positions.astype(jnp.int32), validity, completion
-
