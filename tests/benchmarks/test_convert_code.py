@@ -1,0 +1,186 @@
+"""The pieces of `benchmarks/convert_code.py` on a tiny stdlib subset.
+
+Corpus split, tokenizer, causal pretraining with PeftTrainer, HF export and
+reload, jsonl rows, AR decoding with Tunix's Sampler, block-diffusion
+decoding and scoring, summary, table and figure: each for a few steps with a
+tiny model, so the benchmark cannot rot. (The `tunix-blockdiff sft` step it
+runs is the sft job, tested with dataset files in tests/jobs.)
+"""
+
+import pathlib
+import shutil
+import sys
+
+import numpy as np
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import _causal_lm  # noqa: E402  pylint: disable=g-import-not-at-top
+import _code_corpus  # noqa: E402  pylint: disable=g-import-not-at-top
+import _convert_eval  # noqa: E402  pylint: disable=g-import-not-at-top
+import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from tunix_blockdiff import checkpoints  # noqa: E402
+from tunix_blockdiff import config as config_lib  # noqa: E402
+from tunix_blockdiff import data as data_lib  # noqa: E402
+from tunix_blockdiff.jobs import common  # noqa: E402
+
+# Row budgets (tokens): the tiny tokenizer needs room for a docstring.
+PROMPT, COMPLETION = 160, 40
+
+SOURCE = '''
+class A:
+
+  @staticmethod
+  def add(x, y):
+    """Adds."""
+    # the sum
+    return x + y
+
+  def nodoc(self):
+    return 1
+
+
+def only_doc():
+  """Nothing else."""
+'''
+
+
+def test_function_pairs_split_signature_docstring_and_body():
+  pairs = list(_code_corpus.function_pairs(SOURCE))
+  assert pairs == [
+      (
+          '@staticmethod\ndef add(x, y):\n  """Adds."""\n',
+          "  # the sum\n  return x + y\n",
+      )
+  ]
+  assert not list(_code_corpus.function_pairs("def broken(:"))
+
+
+def test_split_is_seeded_disjoint_and_complete():
+  names = [f"m{i}" for i in range(40)]
+  train, held = _code_corpus.split_modules(names, eval_fraction=0.2, seed=3)
+  again = _code_corpus.split_modules(names, eval_fraction=0.2, seed=3)
+  assert (train, held) == again
+  assert len(held) == 8 and not set(train) & set(held)
+  assert sorted(train + held) == sorted(names)
+  with pytest.raises(ValueError, match="eval_fraction"):
+    _code_corpus.split_modules(names, eval_fraction=1.0, seed=0)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+  """A few real stdlib modules (a package and plain files) and a test dir."""
+  root = tmp_path_factory.mktemp("stdlib")
+  stdlib = _code_corpus.stdlib_root()
+  shutil.copytree(stdlib / "json", root / "json")
+  for name in ("textwrap.py", "shlex.py", "fnmatch.py", "colorsys.py"):
+    shutil.copy(stdlib / name, root / name)
+  (root / "test").mkdir()
+  (root / "test" / "test_x.py").write_text("def f():\n  '''x'''\n  pass\n")
+  return root
+
+
+def test_pieces_end_to_end(corpus, tmp_path):
+  sizes = convert_code.QUICK
+  groups = _code_corpus.modules(corpus)
+  assert "test" not in groups and "json" in groups
+  train_mods, eval_mods = _code_corpus.split_modules(
+      groups, eval_fraction=0.4, seed=0
+  )
+  train_files = [f for m in train_mods for f in groups[m]]
+  eval_files = [f for m in eval_mods for f in groups[m]]
+  tokenizer = _code_corpus.train_tokenizer(
+      map(_code_corpus.read_text, train_files),
+      tmp_path / "tokenizer",
+      vocab_size=sizes.vocab_size,
+  )
+  assert tokenizer.convert_tokens_to_ids("<mask>") == 3
+  pretraining = convert_code.pretrain(
+      sizes, tokenizer, train_files, tmp_path / "ar_base", print
+  )
+  assert pretraining["steps"] == sizes.pretrain_steps
+  assert np.isfinite(pretraining["final_loss"])
+  hf_tok = checkpoints.HFTokenizer(tmp_path / "ar_base")
+  assert (hf_tok.bos_id(), hf_tok.eos_id(), hf_tok.pad_id()) == (1, 2, 0)
+
+  rows = {
+      split: _code_corpus.sft_rows(
+          files, tokenizer, prompt_tokens=PROMPT, completion_tokens=COMPLETION,
+          max_rows=4, seed=0,
+      )
+      for split, files in (("train", train_files), ("eval", eval_files))
+  }
+  for split in rows:
+    assert 0 < len(rows[split]) <= 4
+    path = _code_corpus.write_jsonl(rows[split], tmp_path / f"{split}.jsonl")
+    assert _code_corpus.read_jsonl(path) == rows[split]
+  eval_sources = {f.name for f in eval_files}
+  assert all(r["source"] in eval_sources for r in rows["eval"])
+  for r in rows["train"] + rows["eval"]:
+    assert len(tokenizer.encode(r["prompt"])) <= PROMPT
+    assert len(tokenizer.encode(r["completion"])) <= COMPLETION
+
+  # The AR peer's pieces: causal SFT batches and Tunix's greedy Sampler.
+  model = checkpoints.load_qwen3(tmp_path / "ar_base")
+  pairs = [
+      common.encode_pair(hf_tok, r["prompt"], r["completion"])
+      for r in rows["train"]
+  ]
+  batch = next(
+      _causal_lm.sft_batches(pairs, seq_len=PROMPT + COMPLETION + 2, batch_size=2, pad_id=0, seed=0)
+  )
+  # The loss covers exactly one pair's completion (with EOS) per row.
+  for tokens, mask in zip(batch.input_tokens, batch.input_mask):
+    assert list(tokens[mask]) in [list(c) for _, c in pairs]
+  with pytest.raises(ValueError, match="batch_size"):
+    next(_causal_lm.sft_batches(pairs, seq_len=PROMPT + COMPLETION + 2, batch_size=9, pad_id=0,
+                                seed=0))
+  generated, _ = _causal_lm.greedy_generate(
+      model, tokenizer, [r["prompt"] for r in rows["eval"]],
+      max_new_tokens=8, max_prompt_length=PROMPT + 1,
+      batch_size=2,
+  )
+  assert len(generated) == len(rows["eval"])
+  assert all(len(g) <= 8 and 2 not in g for g in generated)
+
+  # The converted side: block-diffusion decoding, scoring, the report.
+  examples = data_lib.as_examples(
+      [common.encode_pair(hf_tok, r["prompt"], r["completion"])
+       for r in rows["eval"]],
+      seq_len=PROMPT + 10, vocab_size=len(tokenizer), mask_token_id=3,
+  )
+  config = config_lib.DenoiseConfig(
+      block_size=4, mask_token_id=3, alignment="shifted", steps_per_block=2,
+      eos_token_id=2, pad_token_id=0,
+  )
+  generated, tokens_per_call, _ = _convert_eval.diffusion_generate(
+      model, examples, hf_tok, config, batch_size=2, max_new_tokens=8
+  )
+  assert len(generated) == len(rows["eval"])
+  assert 1.0 <= tokens_per_call <= 2.0
+  point = _convert_eval.score(generated, rows["eval"], hf_tok)
+  assert 0.0 <= point["edit_similarity"] <= 1.0
+  perfect = _convert_eval.score(
+      [hf_tok.encode(r["completion"]) for r in rows["eval"]], rows["eval"],
+      hf_tok,
+  )
+  assert perfect == {"first_line_em": 1.0, "edit_similarity": 1.0}
+
+  ar = {"tokens_per_call": 1.0, "seconds": 1.0, **perfect}
+  fast = {"steps_per_block": 2, "tokens_per_call": 2.0, "seconds": 0.5,
+          "first_line_em": 0.5, "edit_similarity": 0.95}
+  slow = {"threshold": 0.9, "tokens_per_call": 1.2, "seconds": 0.8,
+          "first_line_em": 1.0, "edit_similarity": 1.0}
+  summary = _convert_eval.summarize(
+      {"converted_full": {"points": [slow, fast]}, "ar_peer": {"points": [ar]}}
+  )
+  verdict = summary["target"]["converted_full"]
+  assert verdict["best_at_2_tokens_per_call"] == fast
+  assert verdict["fraction_of_ar_edit_similarity"] == pytest.approx(0.95)
+  assert verdict["reached"]
+  assert "steps_per_block 2" in _convert_eval.table(summary)
+  _convert_eval.plot(tmp_path / "fig.png", summary)
+  assert (tmp_path / "fig.png").stat().st_size > 1000
