@@ -100,6 +100,18 @@ def test_gemma3_window_shorter_than_the_cached_span_is_refused():
   assert np.any(np.asarray(narrow_tokens) != np.asarray(wide_tokens))
 
 
+def test_gemma3_one_slot_blocks_take_the_decode_window_path():
+  """Block size 1: Tunix's Gemma3 builds its window from the mask instead."""
+  config = config_lib.DenoiseConfig(block_size=1, mask_token_id=MASK)
+  model = _model("gemma3", 16 + 1, 1)  # T = 16 rows plus one block
+  fast = _generate(model, config, True)
+  slow = _generate(model, config, False)
+  np.testing.assert_array_equal(fast.tokens, slow.tokens)
+  np.testing.assert_array_equal(fast.commit_step, slow.commit_step)
+  with pytest.raises(ValueError, match="sliding window"):
+    _generate(_model("gemma3", 16, 1), config, True)
+
+
 @pytest.mark.parametrize("family", ["qwen3", "qwen2", "llama3", "gemma3"])
 def test_init_cache_layout(family):
   model = getattr(tiny_models, f"tiny_{family}")(VOCAB, num_layers=1)
