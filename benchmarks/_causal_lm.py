@@ -120,7 +120,9 @@ def sft_batches(
         + [False] * (seq_len - len(ids))
     )
   if len(rows) < batch_size:
-    raise ValueError(f"{len(rows)} pairs are fewer than batch_size {batch_size}")
+    raise ValueError(
+        f"{len(rows)} pairs are fewer than batch_size {batch_size}"
+    )
   tokens, mask = np.asarray(rows, np.int32), np.asarray(masks, bool)
   rng = np.random.default_rng(seed)
   while True:

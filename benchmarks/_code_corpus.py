@@ -92,7 +92,9 @@ def train_tokenizer(
   import transformers  # pylint: disable=g-import-not-at-top
 
   if vocab_size <= 256 + len(SPECIAL_TOKENS):
-    raise ValueError(f"vocab_size must exceed 260 bytes+specials, got {vocab_size}")
+    raise ValueError(
+        f"vocab_size must exceed 260 bytes+specials, got {vocab_size}"
+    )
   bpe = tokenizers.Tokenizer(tokenizers.models.BPE())
   bpe.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(
       add_prefix_space=False

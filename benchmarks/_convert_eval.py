@@ -45,7 +45,10 @@ def score(
         metrics.first_line(tokenizer.decode(list(ids)))
         == metrics.first_line(row["completion"])
     )
-  return {"first_line_em": float(np.mean(em)), "edit_similarity": float(np.mean(sim))}
+  return {
+      "first_line_em": float(np.mean(em)),
+      "edit_similarity": float(np.mean(sim)),
+  }
 
 
 def _until_eos(ids, eos: int, pad: int) -> list[int]:
@@ -57,8 +60,9 @@ def _until_eos(ids, eos: int, pad: int) -> list[int]:
   return out
 
 
-def diffusion_generate(model, examples, tokenizer, config, *, batch_size,
-                       max_new_tokens):
+def diffusion_generate(
+    model, examples, tokenizer, config, *, batch_size, max_new_tokens
+):
   """Generated ids (before EOS), tokens per call, timed seconds."""
   prompts, lengths = data_lib.left_padded_prompts(examples, tokenizer.pad_id())
   num = len(examples)
@@ -66,7 +70,10 @@ def diffusion_generate(model, examples, tokenizer, config, *, batch_size,
   def batch(start):
     index = np.minimum(np.arange(start, start + batch_size), num - 1)
     return cached.generate(
-        model, prompts[index], lengths[index], config,
+        model,
+        prompts[index],
+        lengths[index],
+        config,
         max_new_tokens=max_new_tokens,
     )
 
@@ -92,7 +99,10 @@ def evaluate_converted(run_dir, cfg, tokenizer, rows, sizes, log) -> dict:
   model, _ = generate_job.load_trained_model(run_dir, cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
   examples = data_lib.as_examples(
-      [common.encode_pair(tokenizer, r["prompt"], r["completion"]) for r in rows],
+      [
+          common.encode_pair(tokenizer, r["prompt"], r["completion"])
+          for r in rows
+      ],
       seq_len=int(cfg.data.seq_len),
       vocab_size=int(model.config.vocab_size),
       mask_token_id=diffusion.mask_token_id,
@@ -112,16 +122,28 @@ def evaluate_converted(run_dir, cfg, tokenizer, rows, sizes, log) -> dict:
         pad_token_id=tokenizer.pad_id(),
     )
     generated, tokens_per_call, seconds = diffusion_generate(
-        model, examples, tokenizer, config, batch_size=sizes.eval_batch,
+        model,
+        examples,
+        tokenizer,
+        config,
+        batch_size=sizes.eval_batch,
         max_new_tokens=COMPARED_TOKENS,
     )
-    point = {kind: value, "tokens_per_call": tokens_per_call,
-             "seconds": seconds, **score(generated, rows, tokenizer)}
+    point = {
+        kind: value,
+        "tokens_per_call": tokens_per_call,
+        "seconds": seconds,
+        **score(generated, rows, tokenizer),
+    }
     log(f"{run_dir.name} {kind}={value}: {point}")
     points.append(point)
-  return {"points": points, "samples": [
-      {"prompt": r["prompt"], "reference": r["completion"]} for r in rows[:3]
-  ]}
+  return {
+      "points": points,
+      "samples": [
+          {"prompt": r["prompt"], "reference": r["completion"]}
+          for r in rows[:3]
+      ],
+  }
 
 
 def ar_peer(cfg, hf_tokenizer, tokenizer, rows, sizes, log) -> dict:
@@ -141,31 +163,44 @@ def ar_peer(cfg, hf_tokenizer, tokenizer, rows, sizes, log) -> dict:
       model,
       common.make_optimizer(cfg.training),
       _causal_lm.sft_batches(
-          pairs, seq_len=int(cfg.data.seq_len),
-          batch_size=int(cfg.data.batch_size), pad_id=tokenizer.pad_id(),
+          pairs,
+          seq_len=int(cfg.data.seq_len),
+          batch_size=int(cfg.data.batch_size),
+          pad_id=tokenizer.pad_id(),
           seed=int(cfg.seed),
       ),
       max_steps=steps,
       pad_id=tokenizer.pad_id(),
   )
   train_seconds = time.perf_counter() - clock
-  log(f"AR peer: {steps} causal steps in {train_seconds:.0f}s, final loss"
-      f" {np.mean(losses[-10:]):.3f}")
+  log(
+      f"AR peer: {steps} causal steps in {train_seconds:.0f}s, final loss"
+      f" {np.mean(losses[-10:]):.3f}"
+  )
   prompts = [r["prompt"] for r in rows["eval"]]
-  kwargs = dict(max_new_tokens=COMPARED_TOKENS,
-                max_prompt_length=sizes.prompt_tokens + 1,
-                batch_size=sizes.eval_batch)
+  kwargs = dict(
+      max_new_tokens=COMPARED_TOKENS,
+      max_prompt_length=sizes.prompt_tokens + 1,
+      batch_size=sizes.eval_batch,
+  )
   _causal_lm.greedy_generate(model, hf_tokenizer, prompts[:1], **kwargs)
   generated, seconds = _causal_lm.greedy_generate(
       model, hf_tokenizer, prompts, **kwargs
   )
-  point = {"tokens_per_call": 1.0, "seconds": seconds,
-           **score(generated, rows["eval"], tokenizer)}
+  point = {
+      "tokens_per_call": 1.0,
+      "seconds": seconds,
+      **score(generated, rows["eval"], tokenizer),
+  }
   log(f"AR peer (Tunix Sampler, greedy): {point}")
-  return {"points": [point], "train_seconds": train_seconds,
-          "final_train_loss": float(np.mean(losses[-10:])),
-          "learning_rate": float(cfg.training.learning_rate),
-          "batch_size": int(cfg.data.batch_size), "steps": steps}
+  return {
+      "points": [point],
+      "train_seconds": train_seconds,
+      "final_train_loss": float(np.mean(losses[-10:])),
+      "learning_rate": float(cfg.training.learning_rate),
+      "batch_size": int(cfg.data.batch_size),
+      "steps": steps,
+  }
 
 
 def summarize(results: dict, **extra: Any) -> dict:
@@ -175,8 +210,11 @@ def summarize(results: dict, **extra: Any) -> dict:
   for name, result in results.items():
     if name == "ar_peer":
       continue
-    fast = [p for p in result["points"]
-            if p["tokens_per_call"] >= TARGET_TOKENS_PER_CALL]
+    fast = [
+        p
+        for p in result["points"]
+        if p["tokens_per_call"] >= TARGET_TOKENS_PER_CALL
+    ]
     best = max(fast, key=lambda p: p["edit_similarity"], default=None)
     kept = best["edit_similarity"] / ar if best and ar > 0 else None
     verdicts[name] = {
@@ -198,8 +236,10 @@ def _label(point: dict) -> str:
 def table(summary: dict) -> str:
   """The README table (markdown)."""
   lines = [
-      "| model | decoding | first-line EM | edit sim. (64 tok) |"
-      " tokens / call | wall s |",
+      (
+          "| model | decoding | first-line EM | edit sim. (64 tok) |"
+          " tokens / call | wall s |"
+      ),
       "|---|---|---:|---:|---:|---:|",
   ]
   for name, result in summary["results"].items():
@@ -227,19 +267,42 @@ def plot(path, summary: dict) -> None:
       ("tab:blue", "tab:orange", "tab:green"),
   ):
     for kind, marker in (("threshold", "o-"), ("steps_per_block", "s--")):
-      pts = sorted((p for p in result["points"] if kind in p),
-                   key=lambda p: p["tokens_per_call"])
+      pts = sorted(
+          (p for p in result["points"] if kind in p),
+          key=lambda p: p["tokens_per_call"],
+      )
       if pts:
-        ax.plot([p["tokens_per_call"] for p in pts],
-                [p["edit_similarity"] for p in pts], marker, color=color,
-                label=f"{name} ({kind})", ms=4)
+        ax.plot(
+            [p["tokens_per_call"] for p in pts],
+            [p["edit_similarity"] for p in pts],
+            marker,
+            color=color,
+            label=f"{name} ({kind})",
+            ms=4,
+        )
         for p in pts:
-          ax.annotate(f"{p[kind]:g}", (p["tokens_per_call"], p["edit_similarity"]),
-                      textcoords="offset points", xytext=(3, 4), fontsize=7)
-  ax.plot([1.0], [ar["edit_similarity"]], "*", color="black", ms=14,
-          label="AR peer (Tunix Sampler, greedy)")
-  ax.axhline(TARGET_FRACTION * ar["edit_similarity"], color="gray", ls=":",
-             lw=1, label="90% of AR")
+          ax.annotate(
+              f"{p[kind]:g}",
+              (p["tokens_per_call"], p["edit_similarity"]),
+              textcoords="offset points",
+              xytext=(3, 4),
+              fontsize=7,
+          )
+  ax.plot(
+      [1.0],
+      [ar["edit_similarity"]],
+      "*",
+      color="black",
+      ms=14,
+      label="AR peer (Tunix Sampler, greedy)",
+  )
+  ax.axhline(
+      TARGET_FRACTION * ar["edit_similarity"],
+      color="gray",
+      ls=":",
+      lw=1,
+      label="90% of AR",
+  )
   ax.axvline(TARGET_TOKENS_PER_CALL, color="gray", ls="-.", lw=1)
   ax.set_xlabel("committed tokens per model call")
   ax.set_ylabel("edit similarity, first 64 tokens")

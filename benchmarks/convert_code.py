@@ -54,8 +54,10 @@ from tunix_blockdiff import hf_export
 from tunix_blockdiff import tiny_models
 from tunix_blockdiff.jobs import common
 
-RECIPE = pathlib.Path(__file__).resolve().parents[1] / "recipes" / (
-    "convert_code.yaml"
+RECIPE = (
+    pathlib.Path(__file__).resolve().parents[1]
+    / "recipes"
+    / "convert_code.yaml"
 )
 
 
@@ -167,14 +169,17 @@ def pretrain(sizes: Sizes, tokenizer, files, out: pathlib.Path, log) -> dict:
       eos_token_id=eos,
       pad_token_id=tokenizer.pad_token_id,
   )
-  log(f"pretrained {sizes.pretrain_steps} steps in {seconds:.0f}s, final"
-      f" loss {np.mean(losses[-20:]):.3f}; saved {out}")
+  log(
+      f"pretrained {sizes.pretrain_steps} steps in {seconds:.0f}s, final"
+      f" loss {np.mean(losses[-20:]):.3f}; saved {out}"
+  )
   return {
       "files": len(documents),
       "tokens": num_tokens,
       "steps": sizes.pretrain_steps,
-      "tokens_seen": sizes.pretrain_steps * sizes.pretrain_batch
-      * sizes.pretrain_seq_len,
+      "tokens_seen": (
+          sizes.pretrain_steps * sizes.pretrain_batch * sizes.pretrain_seq_len
+      ),
       "final_loss": float(np.mean(losses[-20:])),
       "seconds": seconds,
       "num_params": int(
@@ -201,14 +206,21 @@ def sft_overrides(sizes: Sizes, out: pathlib.Path, name: str, lora: bool):
       f"seed={sizes.seed}",
   ]
   if lora:
-    overrides += ["lora.enabled=true", f"training.learning_rate={sizes.lora_lr}"]
+    overrides += [
+        "lora.enabled=true",
+        f"training.learning_rate={sizes.lora_lr}",
+    ]
   return overrides
 
 
 def convert(sizes: Sizes, out: pathlib.Path, name: str, lora: bool, log):
   """`tunix-blockdiff sft convert_code.yaml ...` in a subprocess."""
   command = [
-      sys.executable, "-m", "tunix_blockdiff.cli", "sft", str(RECIPE),
+      sys.executable,
+      "-m",
+      "tunix_blockdiff.cli",
+      "sft",
+      str(RECIPE),
       *sft_overrides(sizes, out, name, lora),
   ]
   log("$ tunix-blockdiff sft " + " ".join(command[4:]))
@@ -222,12 +234,20 @@ def convert(sizes: Sizes, out: pathlib.Path, name: str, lora: bool, log):
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="runs/convert_code")
-  parser.add_argument("--quick", action="store_true",
-                      help="tiny sizes: a smoke run of every step")
-  parser.add_argument("--stdlib", default=None,
-                      help="corpus root (default: sysconfig's stdlib)")
-  parser.add_argument("--max-modules", type=int, default=None,
-                      help="use only the first N modules (smoke runs)")
+  parser.add_argument(
+      "--quick",
+      action="store_true",
+      help="tiny sizes: a smoke run of every step",
+  )
+  parser.add_argument(
+      "--stdlib", default=None, help="corpus root (default: sysconfig's stdlib)"
+  )
+  parser.add_argument(
+      "--max-modules",
+      type=int,
+      default=None,
+      help="use only the first N modules (smoke runs)",
+  )
   args = parser.parse_args(argv)
   sizes = QUICK if args.quick else Sizes()
   out = pathlib.Path(args.out).expanduser().resolve()
@@ -235,8 +255,11 @@ def main(argv=None) -> int:
   clock = time.perf_counter()
 
   def log(message: str) -> None:
-    print(f"[convert_code {time.perf_counter() - clock:6.0f}s] {message}",
-          file=sys.stderr, flush=True)
+    print(
+        f"[convert_code {time.perf_counter() - clock:6.0f}s] {message}",
+        file=sys.stderr,
+        flush=True,
+    )
 
   groups = _code_corpus.modules(args.stdlib)
   if args.max_modules:
@@ -246,8 +269,10 @@ def main(argv=None) -> int:
   )
   train_files = [f for m in train_mods for f in groups[m]]
   eval_files = [f for m in eval_mods for f in groups[m]]
-  log(f"{len(train_mods)} train modules ({len(train_files)} files),"
-      f" {len(eval_mods)} eval modules ({len(eval_files)} files)")
+  log(
+      f"{len(train_mods)} train modules ({len(train_files)} files),"
+      f" {len(eval_mods)} eval modules ({len(eval_files)} files)"
+  )
 
   tokenizer = _code_corpus.train_tokenizer(
       (t for t in map(_code_corpus.read_text, train_files) if t),
@@ -262,8 +287,11 @@ def main(argv=None) -> int:
       ("eval", eval_files, sizes.max_eval_rows),
   ):
     rows[split] = _code_corpus.sft_rows(
-        files, tokenizer, prompt_tokens=sizes.prompt_tokens,
-        completion_tokens=sizes.completion_tokens, max_rows=cap,
+        files,
+        tokenizer,
+        prompt_tokens=sizes.prompt_tokens,
+        completion_tokens=sizes.completion_tokens,
+        max_rows=cap,
         seed=sizes.seed,
     )
     _code_corpus.write_jsonl(rows[split], out / f"sft_{split}.jsonl")
@@ -287,7 +315,9 @@ def main(argv=None) -> int:
       peer_cfg, tokenizer, hf_tok, rows, sizes, log
   )
   summary = _convert_eval.summarize(
-      results, sizes=dataclasses.asdict(sizes), pretraining=pretraining,
+      results,
+      sizes=dataclasses.asdict(sizes),
+      pretraining=pretraining,
       modules={"train": train_mods, "eval": eval_mods},
       rows={k: len(v) for k, v in rows.items()},
       seconds=time.perf_counter() - clock,

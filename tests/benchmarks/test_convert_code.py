@@ -50,12 +50,10 @@ def only_doc():
 
 def test_function_pairs_split_signature_docstring_and_body():
   pairs = list(_code_corpus.function_pairs(SOURCE))
-  assert pairs == [
-      (
-          '@staticmethod\ndef add(x, y):\n  """Adds."""\n',
-          "  # the sum\n  return x + y\n",
-      )
-  ]
+  assert pairs == [(
+      '@staticmethod\ndef add(x, y):\n  """Adds."""\n',
+      "  # the sum\n  return x + y\n",
+  )]
   assert not list(_code_corpus.function_pairs("def broken(:"))
 
 
@@ -108,8 +106,12 @@ def test_pieces_end_to_end(corpus, tmp_path):
 
   rows = {
       split: _code_corpus.sft_rows(
-          files, tokenizer, prompt_tokens=PROMPT, completion_tokens=COMPLETION,
-          max_rows=4, seed=0,
+          files,
+          tokenizer,
+          prompt_tokens=PROMPT,
+          completion_tokens=COMPLETION,
+          max_rows=4,
+          seed=0,
       )
       for split, files in (("train", train_files), ("eval", eval_files))
   }
@@ -130,17 +132,29 @@ def test_pieces_end_to_end(corpus, tmp_path):
       for r in rows["train"]
   ]
   batch = next(
-      _causal_lm.sft_batches(pairs, seq_len=PROMPT + COMPLETION + 2, batch_size=2, pad_id=0, seed=0)
+      _causal_lm.sft_batches(
+          pairs, seq_len=PROMPT + COMPLETION + 2, batch_size=2, pad_id=0, seed=0
+      )
   )
   # The loss covers exactly one pair's completion (with EOS) per row.
   for tokens, mask in zip(batch.input_tokens, batch.input_mask):
     assert list(tokens[mask]) in [list(c) for _, c in pairs]
   with pytest.raises(ValueError, match="batch_size"):
-    next(_causal_lm.sft_batches(pairs, seq_len=PROMPT + COMPLETION + 2, batch_size=9, pad_id=0,
-                                seed=0))
+    next(
+        _causal_lm.sft_batches(
+            pairs,
+            seq_len=PROMPT + COMPLETION + 2,
+            batch_size=9,
+            pad_id=0,
+            seed=0,
+        )
+    )
   generated, _ = _causal_lm.greedy_generate(
-      model, tokenizer, [r["prompt"] for r in rows["eval"]],
-      max_new_tokens=8, max_prompt_length=PROMPT + 1,
+      model,
+      tokenizer,
+      [r["prompt"] for r in rows["eval"]],
+      max_new_tokens=8,
+      max_prompt_length=PROMPT + 1,
       batch_size=2,
   )
   assert len(generated) == len(rows["eval"])
@@ -148,13 +162,21 @@ def test_pieces_end_to_end(corpus, tmp_path):
 
   # The converted side: block-diffusion decoding, scoring, the report.
   examples = data_lib.as_examples(
-      [common.encode_pair(hf_tok, r["prompt"], r["completion"])
-       for r in rows["eval"]],
-      seq_len=PROMPT + 10, vocab_size=len(tokenizer), mask_token_id=3,
+      [
+          common.encode_pair(hf_tok, r["prompt"], r["completion"])
+          for r in rows["eval"]
+      ],
+      seq_len=PROMPT + 10,
+      vocab_size=len(tokenizer),
+      mask_token_id=3,
   )
   config = config_lib.DenoiseConfig(
-      block_size=4, mask_token_id=3, alignment="shifted", steps_per_block=2,
-      eos_token_id=2, pad_token_id=0,
+      block_size=4,
+      mask_token_id=3,
+      alignment="shifted",
+      steps_per_block=2,
+      eos_token_id=2,
+      pad_token_id=0,
   )
   generated, tokens_per_call, _ = _convert_eval.diffusion_generate(
       model, examples, hf_tok, config, batch_size=2, max_new_tokens=8
@@ -164,16 +186,27 @@ def test_pieces_end_to_end(corpus, tmp_path):
   point = _convert_eval.score(generated, rows["eval"], hf_tok)
   assert 0.0 <= point["edit_similarity"] <= 1.0
   perfect = _convert_eval.score(
-      [hf_tok.encode(r["completion"]) for r in rows["eval"]], rows["eval"],
+      [hf_tok.encode(r["completion"]) for r in rows["eval"]],
+      rows["eval"],
       hf_tok,
   )
   assert perfect == {"first_line_em": 1.0, "edit_similarity": 1.0}
 
   ar = {"tokens_per_call": 1.0, "seconds": 1.0, **perfect}
-  fast = {"steps_per_block": 2, "tokens_per_call": 2.0, "seconds": 0.5,
-          "first_line_em": 0.5, "edit_similarity": 0.95}
-  slow = {"threshold": 0.9, "tokens_per_call": 1.2, "seconds": 0.8,
-          "first_line_em": 1.0, "edit_similarity": 1.0}
+  fast = {
+      "steps_per_block": 2,
+      "tokens_per_call": 2.0,
+      "seconds": 0.5,
+      "first_line_em": 0.5,
+      "edit_similarity": 0.95,
+  }
+  slow = {
+      "threshold": 0.9,
+      "tokens_per_call": 1.2,
+      "seconds": 0.8,
+      "first_line_em": 1.0,
+      "edit_similarity": 1.0,
+  }
   summary = _convert_eval.summarize(
       {"converted_full": {"points": [slow, fast]}, "ar_peer": {"points": [ar]}}
   )
