@@ -65,6 +65,11 @@ def test_rl_command_writes_a_valid_summary_and_figure(tmp_path):
     assert 0.0 <= summary[key] <= 1.0
   assert summary["steps"] == 2 and summary["optimizer_steps"] == 2
   assert summary["seconds"] > 0 and summary["rollouts"] == 8
+  # 8 rollouts of at most 4 tokens; per micro-batch a prefill and >= 1 step.
+  assert 8 <= summary["rollout_tokens"] <= 32
+  assert summary["rollout_model_calls"] >= 2 * 2
+  assert summary["rollout_row_calls"] == 2 * summary["rollout_model_calls"]
+  assert 0.0 <= summary["train_groups_with_signal"] <= 1.0
   assert len(summary["train_step_rewards"]) == 2
   assert summary["sft"]["train_steps"] == 2
   assert (out / "rl.png").stat().st_size > 0

@@ -187,9 +187,12 @@ def run(cfg) -> dict[str, Any]:
 
   start = evaluate()
   rl_clock = common.Stopwatch()
-  with mesh:
+  with mesh, cluster.rollout.record_outputs() as rollouts:
     learner.train(list(rl_data.prompt_batches(prompts.train, prompts_per_step)))
   rl_seconds = rl_clock()
+  # Training rollouts only (evaluation runs outside the recorder).
+  cost = rl_common.block_diffusion_rollout_cost(rollouts, max_new_tokens)
+  del rollouts
   end = evaluate()
   per_step = prompts_per_step * int(grpo_cfg.num_generations)
   batch_rewards = [
@@ -206,9 +209,16 @@ def run(cfg) -> dict[str, Any]:
       "train_reward_first_steps": float(np.mean(batch_rewards[:window])),
       "train_reward_last_steps": float(np.mean(batch_rewards[-window:])),
       "train_step_rewards": batch_rewards,
+      # Groups whose rollouts' rewards differ: the others give no gradient.
+      "train_groups_with_signal": rl_common.groups_with_signal(
+          train_rewards, int(grpo_cfg.num_generations)
+      ),
       "steps": steps,
       "optimizer_steps": cluster.actor_trainer.train_steps,
       "rollouts": steps * prompts_per_step * int(grpo_cfg.num_generations),
+      "rollout_tokens": cost["rollout_tokens"],
+      "rollout_model_calls": cost["rollout_model_calls"],
+      "rollout_row_calls": cost["rollout_row_calls"],
       "held_out_prompts": len(held_out),
       "prompts_source": prompts.source,
       "skipped_prompt_rows": prompts.skipped_rows,

@@ -183,9 +183,72 @@ def evaluate_rewards(
   return float(np.mean(rewards))
 
 
+def generated_tokens(lengths: Sequence[int], max_new_tokens: int) -> int:
+  """Tokens generated for rows of `lengths` tokens before EOS (EOS counted).
+
+  A row shorter than `max_new_tokens` stopped at an EOS, which counts; a row
+  of `max_new_tokens` tokens ran out of room.
+  """
+  return int(
+      sum(n + 1 if n < max_new_tokens else max_new_tokens for n in lengths)
+  )
+
+
+def groups_with_signal(rewards: Sequence[float], group_size: int) -> float:
+  """Fraction of GRPO groups whose rewards differ (nonzero advantages).
+
+  `rewards` lists each prompt's `group_size` rollouts consecutively, as
+  Tunix's learners repeat prompts; a group of equal rewards gives every
+  rollout advantage 0, so no gradient.
+  """
+  rewards = np.asarray(rewards, np.float64)
+  if rewards.size == 0:
+    return float("nan")
+  if rewards.size % group_size:
+    raise ValueError(
+        f"{rewards.size} rewards do not split into groups of {group_size}"
+    )
+  groups = rewards.reshape(-1, group_size)
+  return float(np.mean(groups.max(axis=1) > groups.min(axis=1)))
+
+
+def block_diffusion_rollout_cost(
+    outputs: Sequence[engine_lib.BlockDiffusionRolloutOutput],
+    max_new_tokens: int,
+) -> dict[str, int]:
+  """Rollouts, generated tokens and sequential model calls of rollouts.
+
+  Args:
+    outputs: `BlockDiffusionRollout.generate` outputs (one per micro-batch,
+      e.g. from `rollout.record_outputs()`).
+    max_new_tokens: The rollouts' completion budget.
+
+  Returns:
+    `rollouts`, `rollout_tokens` (to the first EOS, EOS included),
+    `rollout_model_calls`: per micro-batch one prompt prefill plus its
+    denoising steps (all rows step together; a finished block's keys and
+    values are written by the next block's first step), and
+    `rollout_row_calls`: the same calls times the micro-batch's rows.
+  """
+  calls = [2 + int(np.max(o.commit_steps)) for o in outputs]
+  return {
+      "rollouts": int(sum(len(o.tokens) for o in outputs)),
+      "rollout_tokens": generated_tokens(
+          [len(t) for o in outputs for t in o.tokens], max_new_tokens
+      ),
+      "rollout_model_calls": int(sum(calls)),
+      "rollout_row_calls": int(
+          sum(c * len(o.tokens) for c, o in zip(calls, outputs))
+      ),
+  }
+
+
 __all__ = [
+    "block_diffusion_rollout_cost",
     "engine_factory",
     "evaluate_rewards",
+    "generated_tokens",
+    "groups_with_signal",
     "load_policy",
     "load_sft_policy",
     "make_rl_optimizer",

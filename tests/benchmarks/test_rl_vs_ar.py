@@ -1,0 +1,112 @@
+"""The pieces of `benchmarks/rl_vs_ar.py`, a few steps each, so it cannot rot.
+
+The block-diffusion side is the `rl` job (tests/jobs/test_rl.py checks the
+summary keys the benchmark reads); here: the autoregressive warm start with
+early stopping, Tunix's GRPO on it with rollout accounting, the report.
+"""
+
+import importlib.util
+import pathlib
+import types
+
+import numpy as np
+import pytest
+
+from tunix_blockdiff import tasks
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import rl_data
+
+PATH = (
+    pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rl_vs_ar.py"
+)
+TINY_MODEL = [
+    "model.num_layers=1",
+    "model.embed_dim=16",
+    "model.hidden_dim=32",
+    "model.num_heads=2",
+    "model.head_dim=8",
+    "model.num_kv_heads=1",
+]
+
+
+@pytest.fixture(name="bench", scope="module")
+def _bench():
+  spec = importlib.util.spec_from_file_location("rl_vs_ar", PATH)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def test_ar_rollout_cost_counts_prefill_decode_and_eos(bench):
+  # Budget 4. Micro-batch 1: rows of 1 and 4 tokens (EOS after the first):
+  # tokens 2 + 4, calls max(2, 4) = 4. Micro-batch 2: rows of 0 and 2:
+  # tokens 1 + 3, calls 3.
+  cost = bench.ar_rollout_cost([([1, 4, 0, 2], 2)], max_new_tokens=4)
+  assert cost == {
+      "rollouts": 4,
+      "rollout_tokens": 10,
+      "rollout_model_calls": 7,
+      "rollout_row_calls": 14,
+  }
+
+
+def test_parse_args_needs_a_block_diffusion_method(bench):
+  opts = bench.parse_args(["--methods", "ar,bd_exact", "grpo.steps=3"])
+  assert opts.methods == ["bd_exact", "ar"]
+  assert opts.overrides == ["grpo.steps=3"]
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--methods", "ar"])
+  with pytest.raises(SystemExit):
+    bench.parse_args(["--methods", "bd_exact,gpt"])
+
+
+def test_ar_warm_start_grpo_and_report(bench, tmp_path):
+  sft_cfg = common.load_recipe([
+      "tiny.yaml",
+      "task.kwargs.min_digits=2",
+      "task.kwargs.max_digits=3",
+      "task.num_train=64",
+      "task.num_eval=4",
+      "data.seq_len=14",
+      "data.batch_size=8",
+      *TINY_MODEL,
+  ])
+  cfg = common.load_recipe([
+      "rl_tiny.yaml",
+      "grpo.steps=1",
+      "grpo.prompts_per_step=2",
+      "grpo.num_generations=2",
+      "grpo.micro_batch_prompts=1",
+      "eval.num_prompts=4",
+      "eval.samples_per_prompt=1",
+      "eval.batch_size=4",
+      "rollout.max_tokens_to_generate=4",
+      "rollout.max_prompt_length=10",
+  ])
+  tokenizer = tasks.CharTokenizer()
+  prompts = rl_data.task_prompts(sft_cfg, 2, seed=5)
+  reward_fn = rl_data.exact_match_reward(prompts.task)
+  model = bench.ar_model(sft_cfg, seed=0)
+  assert model.config.num_layers == 1 and model.config.embed_dim == 16
+  opts = types.SimpleNamespace(
+      ar_max_steps=4,
+      ar_eval_every=2,
+      ar_learning_rate=1e-3,
+      max_prompt_length=10,
+      max_new_tokens=4,
+  )
+  history, steps = bench.ar_warm_start(
+      model, tokenizer, sft_cfg, prompts.held_out, reward_fn, 1.01, opts
+  )
+  # An unreachable target: evaluations at steps 0, 2 and 4, then stop.
+  assert [s for s, _ in history] == [0, 2, 4] and steps == 4
+  row = bench.ar_grpo(cfg, model, tokenizer, prompts, reward_fn, tmp_path)
+  assert row["rollout_tokens"] <= 4 * 4 and row["rollout_model_calls"] >= 2
+  assert len(row["train_step_rewards"]) == 1
+  assert 0.0 <= row["greedy_exact_match_end"] <= 1.0
+  row["exact_match_gain"] = 0.0
+  text = bench.table({"ar": row})
+  assert text.count("\n") == 2 and "| ar |" in text
+  png = bench.plot(tmp_path / "f.png", {"ar": row}, "t")
+  assert png.stat().st_size > 0
+  assert np.isfinite(row["rl_seconds"])
