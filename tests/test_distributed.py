@@ -1,0 +1,261 @@
+"""Many processes: 2 processes x 4 CPU devices (gloo) vs one 8-device process.
+
+The multi-process runs go through `tunix-blockdiff launch`, each a tiny SFT
+(one layer, 4 steps, a train-only dataset file: no evaluation to compile).
+"""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from tunix_blockdiff import distributed
+from tunix_blockdiff import tasks
+from tunix_blockdiff.jobs import launch
+
+SMALL = [
+    "model.num_layers=1",
+    "model.embed_dim=32",
+    "model.hidden_dim=64",
+    "model.head_dim=8",
+    "data.seq_len=16",
+    "data.batch_size=8",
+    "training.max_steps=4",
+    "training.warmup_steps=1",
+    "training.eval_every_n_steps=100",
+    "training.checkpoint_every_n_steps=2",
+    "training.max_checkpoints=2",
+]
+
+
+def _env(devices: int) -> dict:
+  return dict(
+      os.environ,
+      JAX_PLATFORMS="cpu",
+      XLA_FLAGS=distributed.local_device_flags(devices),
+  )
+
+
+def _launch(args, processes=2, timeout=300) -> str:
+  """`tunix-blockdiff launch` in a subprocess; its output (asserts rc 0)."""
+  proc = subprocess.run(
+      [sys.executable, "-m", "tunix_blockdiff.cli", "launch",
+       "--processes", str(processes), "--devices-per-process", "4", "--",
+       *args],
+      env=_env(4), capture_output=True, text=True, timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc.stdout
+
+
+def _single(args, timeout=300) -> str:
+  proc = subprocess.run(
+      [sys.executable, "-m", "tunix_blockdiff.cli", *args],
+      env=_env(8), capture_output=True, text=True, timeout=timeout,
+  )
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  return proc.stdout
+
+
+def _params(run_dir: pathlib.Path, step: int = 4) -> dict:
+  path = run_dir / "checkpoints" / str(step) / "model_params"
+  checkpointer = ocp.PyTreeCheckpointer()
+  meta = checkpointer.metadata(path)
+  tree = getattr(meta, "item_metadata", meta)
+  tree = getattr(tree, "tree", tree)
+  args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+  restored = checkpointer.restore(path, restore_args=args)
+  return {
+      jax.tree_util.keystr(k): v
+      for k, v in jax.tree_util.tree_leaves_with_path(restored)
+  }
+
+
+def _assert_close(a, b, rtol=1e-5):
+  a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+  scale = np.maximum(np.abs(b).max(initial=0.0), 1e-12)
+  assert np.abs(a - b).max(initial=0.0) <= rtol * scale, (a, b)
+
+
+def _assert_same_run(out, ref):
+  got = json.loads((out / "summary.json").read_text())
+  want = json.loads((ref / "summary.json").read_text())
+  assert got["train_steps"] == want["train_steps"] == 4
+  assert len(got["train_losses"]) == 4
+  for x, y in zip(got["train_losses"], want["train_losses"]):
+    _assert_close(x, y)
+  params, ref_params = _params(out), _params(ref)
+  assert params.keys() == ref_params.keys()
+  for name in params:
+    _assert_close(params[name], ref_params[name])
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+  path = tmp_path_factory.mktemp("data") / "train.jsonl"
+  pairs = tasks.get_task("reverse", min_digits=3, max_digits=5).sample(64, 0)
+  path.write_text(
+      "".join(json.dumps({"prompt": p, "completion": a}) + "\n" for p, a in pairs)
+  )
+  return path
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, data_file):
+  """The single-process, 8-device (fsdp=8) run."""
+  out = tmp_path_factory.mktemp("ref")
+  _single(["sft", f"output_dir={out}", f"dataset.train={data_file}",
+           "mesh.fsdp=8", *SMALL])
+  return out
+
+
+@pytest.fixture(scope="module")
+def two_process_run(tmp_path_factory, data_file):
+  out = tmp_path_factory.mktemp("fsdp8")
+  log = _launch(["sft", f"output_dir={out}", f"dataset.train={data_file}",
+                 "mesh.fsdp=8", *SMALL])
+  return out, log
+
+
+def test_mesh_layout_and_rows():
+  mesh = distributed.build_mesh({"fsdp": 2, "sp": 4})
+  assert dict(mesh.shape) == {"fsdp": 2, "sp": 4, "tp": 1}
+  # sp is the outer device axis: each fsdp shard spans devices 0..7.
+  ids = np.vectorize(lambda d: d.id)(mesh.devices)[:, :, 0]
+  np.testing.assert_array_equal(ids, [[0, 2, 4, 6], [1, 3, 5, 7]])
+  assert distributed.process_rows(mesh, 8) == (0, 8)
+  assert distributed.check_cp_size(mesh, 1) == 4
+  with pytest.raises(ValueError, match="must equal mesh.sp"):
+    distributed.check_cp_size(mesh, 2)
+  with pytest.raises(ValueError, match="multiple of mesh.fsdp"):
+    distributed.process_rows(mesh, 3)
+  with pytest.raises(ValueError, match="unknown mesh axes"):
+    distributed.build_mesh({"fsdp": 2, "dp": 2})
+  with pytest.raises(ValueError, match="mesh.tp must be an int >= 1"):
+    distributed.build_mesh({"tp": 0})
+  with pytest.raises(ValueError, match="16 devices"):
+    distributed.build_mesh({"fsdp": 16})
+  batch = distributed.global_batch(
+      {"tokens": np.arange(32).reshape(8, 4)}, mesh, 8
+  )
+  assert batch["tokens"].sharding.spec == jax.sharding.PartitionSpec("fsdp", "sp")
+  np.testing.assert_array_equal(
+      distributed.gather(batch["tokens"]), np.arange(32).reshape(8, 4)
+  )
+
+
+def test_initialize_validates_before_starting():
+  assert distributed.initialize(None) is False
+  with pytest.raises(ValueError, match="unknown distributed keys"):
+    distributed.initialize({"coordinator": "x:1"})
+  with pytest.raises(ValueError, match="process_id must be in"):
+    distributed.initialize({"num_processes": 2, "process_id": 2})
+
+
+def test_two_processes_fsdp8_equal_one_process(reference, two_process_run):
+  out, log = two_process_run
+  _assert_same_run(out, reference)
+  # Progress and the summary come from process 0 only.
+  assert "[p0] step 4/4" in log and "[p1] step" not in log
+  assert "[p0] wrote" in log and "[p1] wrote" not in log
+
+
+def test_context_parallel_across_processes_equals_one_process(
+    reference, tmp_path, data_file
+):
+  out = tmp_path / "sp"
+  _launch(["sft", f"output_dir={out}", f"dataset.train={data_file}",
+           "mesh.fsdp=2", "mesh.sp=4", *SMALL])
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["recipe"]["mesh"] == {"fsdp": 2, "sp": 4}
+  _assert_same_run(out, reference)
+
+
+def test_killed_after_a_checkpoint_resumes_to_the_same_params(
+    tmp_path, data_file
+):
+  # 40 steps (a progress line each, a checkpoint every 2): long enough for
+  # the kill to land mid-run.
+  run = ["sft", f"dataset.train={data_file}", "mesh.fsdp=8", *SMALL,
+         "training.max_steps=40", "training.eval_every_n_steps=2"]
+  ref, out = tmp_path / "ref", tmp_path / "resume"
+  _single([*run, f"output_dir={ref}"])
+  args = [sys.executable, "-m", "tunix_blockdiff.cli", "launch",
+          "--processes", "2", "--devices-per-process", "4", "--grace", "0",
+          "--", *run, f"output_dir={out}"]
+  proc = subprocess.Popen(
+      args, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      text=True,
+  )
+  for line in proc.stdout:
+    if line.startswith("[p0] step 3/40"):
+      proc.send_signal(signal.SIGTERM)  # the launcher kills both processes
+      break
+  rest = proc.stdout.read()
+  assert proc.wait(timeout=60) == 130, rest[-2000:]
+  saved = sorted(
+      int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()
+  )
+  assert saved and saved[-1] < 40, saved
+  log = _launch(args[args.index("--") + 1:])
+  assert f"resuming from the checkpoint of step {saved[-1]}" in log, log
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["train_steps"] == 40
+  params, ref_params = _params(out, 40), _params(ref, 40)
+  for name in ref_params:
+    _assert_close(params[name], ref_params[name])
+
+
+def test_generate_two_processes_equals_one(two_process_run, tmp_path):
+  out, _ = two_process_run
+  prompts = "prompts=[rev 123,rev 4567,rev 89]"
+  _single(["generate", str(out), prompts, "max_new_tokens=6", "color=false"])
+  single = json.loads((out / "generate.json").read_text())
+  (out / "generate.json").unlink()
+  log = _launch(["generate", str(out), prompts, "max_new_tokens=6",
+                 "color=false", "mesh.fsdp=8"])
+  multi = json.loads((out / "generate.json").read_text())
+  assert multi["tokens"] == single["tokens"]
+  assert multi["commit_step"] == single["commit_step"]
+  assert multi["completions"] == single["completions"]
+  assert "[p1] tokens_per_step" not in log
+
+
+def test_launcher_fails_fast_and_names_the_failed_process(capsys):
+  script = (
+      "import sys, time\n"
+      "i = int(sys.argv[-1].split('=')[1])\n"
+      "print('working', flush=True)\n"
+      "time.sleep(1)\n"
+      "sys.exit(3) if i == 1 else time.sleep(600)\n"
+  )
+  start = time.monotonic()
+  code = launch.launch(
+      ["sft"], processes=2, grace=2, program=[sys.executable, "-c", script]
+  )
+  assert code == 3
+  assert time.monotonic() - start < 30
+  captured = capsys.readouterr()
+  assert "process 1 of 2 failed with exit code 3" in captured.err
+  assert "[p0] working" in captured.out and "[p1] working" in captured.out
+
+
+def test_launch_usage_errors():
+  with pytest.raises(SystemExit):
+    launch.parse_args(["--processes", "2", "--", "nope"])
+  with pytest.raises(SystemExit):
+    launch.parse_args(["--processes", "0", "--", "sft"])
+  with pytest.raises(SystemExit):
+    launch.parse_args(
+        ["--processes", "2", "--", "sft", "distributed.process_id=1"]
+    )
+  args = launch.parse_args(["--processes", "2", "--", "sft", "a=1"])
+  assert args.command == ["sft", "a=1"] and args.devices_per_process is None
