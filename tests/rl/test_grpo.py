@@ -131,23 +131,20 @@ def test_ratio_is_exactly_one_on_the_first_iteration():
 def test_exact_likelihood_gradient_flows_through_the_selection_term():
   example = _example()
 
-  def total(model, kind):
-    logps, _ = grpo.policy_log_probs(model, example, CONFIG, kind)
-    return jnp.sum(logps)
+  def selection_term(model):
+    # Exact minus committed-only: the selection log-probs alone.
+    totals = [
+        jnp.sum(grpo.policy_log_probs(model, example, CONFIG, kind)[0])
+        for kind in ("exact", "committed_only")
+    ]
+    return totals[0] - totals[1]
 
-  values, grads = {}, {}
-  for kind in likelihood.LIKELIHOODS:
-    values[kind], grads[kind] = nnx.jit(
-        nnx.value_and_grad(functools.partial(total, kind=kind))
-    )(_model())
+  value, grads = nnx.jit(nnx.value_and_grad(selection_term))(_model())
   # Selection probabilities are <= 1 and here not all 1.
-  assert float(values["exact"]) < float(values["committed_only"]) - 1e-3
-  exact = [np.asarray(g) for g in jax.tree.leaves(grads["exact"])]
-  only = [np.asarray(g) for g in jax.tree.leaves(grads["committed_only"])]
-  assert all(np.all(np.isfinite(g)) for g in exact)
-  # The selection term's own gradient: finite and nonzero.
-  selection_grad = sum(float(np.abs(a - b).sum()) for a, b in zip(exact, only))
-  assert np.isfinite(selection_grad) and selection_grad > 1e-4
+  assert float(value) < -1e-3
+  leaves = [np.asarray(g) for g in jax.tree.leaves(grads)]
+  assert all(np.all(np.isfinite(g)) for g in leaves)
+  assert sum(float(np.abs(g).sum()) for g in leaves) > 1e-4
 
 
 def test_ppo_ratio_is_one_before_and_not_after_an_update():
@@ -160,16 +157,20 @@ def test_ppo_ratio_is_one_before_and_not_after_an_update():
   example = _example().replace(old_per_token_logps=old)
   algo = _algo(num_iterations=2)
   loss_fn = function_registry.get_policy_loss_fn("bd_grpo")
-  out = loss_fn(_model(), example, algo, pad_id=0, eos_id=EOS)
-  assert float(out.aux_metrics["is_ratio/max"]) == pytest.approx(1.0, abs=1e-5)
-  assert float(out.aux_metrics["is_ratio/min"]) == pytest.approx(1.0, abs=1e-5)
+
+  @nnx.jit
+  def ratios(model):
+    metrics = loss_fn(model, example, algo).aux_metrics
+    return metrics["is_ratio/max"], metrics["is_ratio/min"]
+
+  ratio_max, ratio_min = map(float, ratios(_model()))
+  assert ratio_max == pytest.approx(1.0, abs=1e-5)
+  assert ratio_min == pytest.approx(1.0, abs=1e-5)
   _, grads = _loss_and_grad()
   updated = nnx.clone(_model())
   params = nnx.state(updated, nnx.Param)
   nnx.update(updated, jax.tree.map(lambda p, g: p - 0.5 * g, params, grads))
-  out = loss_fn(updated, example, algo, pad_id=0, eos_id=EOS)
-  ratio_max = float(out.aux_metrics["is_ratio/max"])
-  ratio_min = float(out.aux_metrics["is_ratio/min"])
+  ratio_max, ratio_min = map(float, ratios(updated))
   assert np.isfinite(ratio_max) and np.isfinite(ratio_min)
   assert max(ratio_max - 1.0, 1.0 - ratio_min) > 1e-3
 
@@ -201,6 +202,15 @@ def test_missing_trace_and_bad_config_raise():
     )
   with pytest.raises(ValueError, match="loss_agg_mode"):
     _algo(loss_agg_mode="sequence-mean-token-scale")
+  with pytest.raises(ValueError, match="likelihood must be one of"):
+    _algo(likelihood="committed")
+  # Greedy rollouts are deterministic: no exact likelihood to train with.
+  greedy = config_lib.DenoiseConfig(block_size=4, mask_token_id=MASK)
+  with pytest.raises(ValueError, match="temperature > 0"):
+    grpo.BlockDiffusionGRPOConfig(num_generations=2, denoise_config=greedy)
+  grpo.BlockDiffusionGRPOConfig(
+      num_generations=2, denoise_config=greedy, likelihood="committed_only"
+  )
 
 
 class _Linear(nnx.Module):

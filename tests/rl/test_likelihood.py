@@ -144,8 +144,10 @@ def test_trajectory_frequencies_match_the_exact_likelihood(name):
     assert multi > 0.1 and single > 0.1
   p_exact = _chi_square_p(result, _logprobs(name, "exact"))
   p_committed = _chi_square_p(result, _logprobs(name, "committed_only"))
-  print(f"{name}: chi-square p exact={p_exact:.3g}"
-        f" committed_only={p_committed:.3g}")
+  print(
+      f"{name}: chi-square p exact={p_exact:.3g}"
+      f" committed_only={p_committed:.3g}"
+  )
   assert p_exact > 1e-3
   assert p_committed < 1e-6
 
@@ -163,9 +165,9 @@ def test_model_and_per_step_logits_fn_scores_agree():
   # EOS and early stops included.
   name, rows = "threshold-topp-eos", 512
   config = CONFIGS[name]
-  result = cached.GenerationResult(*(
-      x[:rows] if np.ndim(x) else x for x in _rollouts(name)
-  ))
+  result = cached.GenerationResult(
+      *(x[:rows] if np.ndim(x) else x for x in _rollouts(name))
+  )
   logits_fn = jax.jit(modeling.make_logits_fn(_model(), block_size=BLOCK))
   np.testing.assert_allclose(
       likelihood.trajectory_logprob(logits_fn, result, config),
@@ -195,8 +197,9 @@ def _all_trajectories():
     used = sorted(set(labels))
     if used == list(range(len(used))):  # ordered set partitions
       orders.add(labels)
-  tokens = [t for t in itertools.product(range(VOCAB), repeat=BLOCK)
-            if MASK not in t]
+  tokens = [
+      t for t in itertools.product(range(VOCAB), repeat=BLOCK) if MASK not in t
+  ]
   pairs = [(t, s) for t in tokens for s in sorted(orders)]
   return (
       np.array([p[0] for p in pairs], np.int32),
@@ -257,9 +260,7 @@ def _one_step_program(name):
     log_probs = denoise_lib.proposal_log_probs(logits, config)
     rows = _JOINT.shape[0]
     confidence = jnp.exp(
-        jnp.take_along_axis(log_probs[None], _JOINT[..., None], axis=-1)[
-            ..., 0
-        ]
+        jnp.take_along_axis(log_probs[None], _JOINT[..., None], axis=-1)[..., 0]
     )
     # The sampler's own rule, applied to every joint proposal.
     commit = denoise_lib.select_commits(
@@ -278,12 +279,14 @@ def _one_step_program(name):
         jnp.broadcast_to(jnp.arange(3), (rows, 3)),
         config,
     )
-    joint = jnp.exp(jnp.sum(
-        jnp.take_along_axis(log_probs[None], _JOINT[..., None], axis=-1)[
-            ..., 0
-        ],
-        axis=1,
-    ))
+    joint = jnp.exp(
+        jnp.sum(
+            jnp.take_along_axis(log_probs[None], _JOINT[..., None], axis=-1)[
+                ..., 0
+            ],
+            axis=1,
+        )
+    )
     return commit, jnp.exp(jnp.sum(logps, axis=1)), joint
 
   return run

@@ -174,7 +174,5 @@ def sampled_token_divergence(
   weight = jax.lax.stop_gradient(weight)
   if score_logp is None:
     score_logp = student_logp
-  surrogate = value + weight * (
-      score_logp - jax.lax.stop_gradient(score_logp)
-  )
+  surrogate = value + weight * (score_logp - jax.lax.stop_gradient(score_logp))
   return value, surrogate

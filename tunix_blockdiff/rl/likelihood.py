@@ -313,7 +313,9 @@ def trajectory_per_token_logprob(
 
 
 def trajectory_logprob(
-    model_or_logits_fn: nnx.Module | Callable[[jax.Array, jax.Array], jax.Array],
+    model_or_logits_fn: (
+        nnx.Module | Callable[[jax.Array, jax.Array], jax.Array]
+    ),
     generation_result,
     config: config_lib.DenoiseConfig,
     *,

@@ -38,6 +38,7 @@ import jax.numpy as jnp
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rl import scoring
+
 # Fill of the masked logsumexp: finite, so an empty sum has finite gradients.
 _EMPTY_LOG = -1e30
 
@@ -151,9 +152,8 @@ def per_token_log_likelihood(
       same_block, jnp.where(losers, loser_log_prob, 0.0), jnp.sum, 0.0
   )
   selection += jnp.where(possible, 0.0, scoring.LOGP_FLOOR)
-  per_step = jnp.maximum(own_log_prob, scoring.LOGP_FLOOR) + selection / jnp.maximum(
-      count, 1
-  )
+  share = selection / jnp.maximum(count, 1)
+  per_step = jnp.maximum(own_log_prob, scoring.LOGP_FLOOR) + share
   return jnp.sum(jnp.where(committed, per_step, 0.0), axis=0)
 
 
