@@ -19,6 +19,7 @@ applies the `bad_rows` policy (`skip`: counted and reported, `error`: raised).
 
 from __future__ import annotations
 
+import array
 import dataclasses
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -254,7 +255,7 @@ class FileExamples:
     )
     self.bad_rows = bad_rows
     self.num_rows, self.num_bad, self.bad_examples = 0, 0, []
-    good = []
+    good = array.array("q")  # 8 bytes per usable row
     for index in range(len(source)):
       if limit is not None and len(good) == limit:
         break
@@ -269,12 +270,12 @@ class FileExamples:
           self.bad_examples.append(str(e))
         continue
       good.append(index)
-    self._rows = np.asarray(good, np.int64)
     if not good:
       raise errors.UsageError(
           f"no usable rows in {self.num_rows} rows read"
           + (f"; first problem: {self.bad_examples[0]}" if self.num_bad else "")
       )
+    self._rows = np.frombuffer(good, np.int64)
 
   def _read(self, index: int) -> tuple[examples_lib.Example, EncodedRow]:
     where, row = self.source[index]

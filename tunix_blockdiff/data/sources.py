@@ -31,7 +31,7 @@ from tunix_blockdiff import errors
 
 FORMATS = ("auto", "jsonl", "parquet", "hf_disk")
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
-_CHUNK = 1 << 20
+_CHUNK = 1 << 18
 
 
 class RowError(errors.UsageError):
@@ -80,31 +80,49 @@ def detect_format(path: str, format: str = "auto") -> str:  # pylint: disable=re
   return _EXTENSIONS[suffix]
 
 
+_BLANK = np.zeros(256, bool)
+_BLANK[list(b" \t\r\n\v\f")] = True
+
+
+def _index_lines(path: str) -> tuple[np.ndarray, np.ndarray]:
+  """int64 [N] byte offsets and 1-based numbers of the non-blank lines.
+
+  The file is scanned in chunks with NumPy; memory is 16 bytes per row plus
+  one chunk (and the longest line), whatever the file size.
+  """
+  offsets, numbers = [], []
+  position, line, pending = 0, 0, b""  # `position`: offset of pending[0]
+  with open(path, "rb") as f:
+    while True:
+      chunk = f.read(_CHUNK)
+      data = np.frombuffer(pending + chunk, np.uint8)
+      ends = np.flatnonzero(data == ord("\n"))
+      if (
+          not chunk
+          and data.size
+          and (not ends.size or ends[-1] < data.size - 1)
+      ):
+        ends = np.append(ends, data.size)  # a last line without a newline
+      starts = np.concatenate([[0], ends[:-1] + 1]) if ends.size else ends
+      content = np.concatenate([[0], np.cumsum(~_BLANK[data], dtype=np.int32)])
+      keep = content[np.minimum(ends, data.size)] > content[starts]
+      offsets.append((position + starts[keep]).astype(np.int64))
+      numbers.append((line + 1 + np.flatnonzero(keep)).astype(np.int64))
+      line += ends.size
+      consumed = int(ends[-1]) + 1 if ends.size else 0
+      pending = bytes(data[consumed:])
+      position += consumed
+      if not chunk:
+        break
+  return np.concatenate(offsets), np.concatenate(numbers)
+
+
 class JsonlSource:
   """Random access to the JSON lines of one file (blank lines skipped)."""
 
   def __init__(self, path: str):
     self.path = path
-    offsets, lines = [], []
-    position, line, pending = 0, 0, b""
-    with open(path, "rb") as f:
-      # Chunked scan: only the offsets (8 bytes per row) are kept.
-      while chunk := f.read(_CHUNK):
-        data = pending + chunk
-        start = 0
-        while (end := data.find(b"\n", start)) >= 0:
-          line += 1
-          if data[start:end].strip():
-            offsets.append(position - len(pending) + start)
-            lines.append(line)
-          start = end + 1
-        position += len(chunk)
-        pending = data[start:]
-    if pending.strip():
-      offsets.append(position - len(pending))
-      lines.append(line + 1)
-    self._offsets = np.asarray(offsets, np.int64)
-    self._lines = np.asarray(lines, np.int64)
+    self._offsets, self._lines = _index_lines(path)
     self._file = None
 
   def __len__(self) -> int:
