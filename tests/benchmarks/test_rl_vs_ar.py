@@ -1,4 +1,5 @@
-"""The pieces of `benchmarks/rl_vs_ar.py`, a few steps each, so it cannot rot.
+"""The pieces of `benchmarks/rl_vs_ar.py` (and its `_ar_grpo.py`), a few
+steps each, so they cannot rot.
 
 The block-diffusion side is the `rl` job (tests/jobs/test_rl.py checks the
 summary keys the benchmark reads); here: the autoregressive warm start with
@@ -41,7 +42,7 @@ def test_ar_rollout_cost_counts_prefill_decode_and_eos(bench):
   # Budget 4. Micro-batch 1: rows of 1 and 4 tokens (EOS after the first):
   # tokens 2 + 4, calls max(2, 4) = 4. Micro-batch 2: rows of 0 and 2:
   # tokens 1 + 3, calls 3.
-  cost = bench.ar_rollout_cost([([1, 4, 0, 2], 2)], max_new_tokens=4)
+  cost = bench._ar_grpo.ar_rollout_cost([([1, 4, 0, 2], 2)], max_new_tokens=4)
   assert cost == {
       "rollouts": 4,
       "rollout_tokens": 10,
@@ -86,7 +87,7 @@ def test_ar_warm_start_grpo_and_report(bench, tmp_path):
   tokenizer = tasks.CharTokenizer()
   prompts = rl_data.task_prompts(sft_cfg, 2, seed=5)
   reward_fn = rl_data.exact_match_reward(prompts.task)
-  model = bench.ar_model(sft_cfg, seed=0)
+  model = bench._ar_grpo.ar_model(sft_cfg, seed=0)
   assert model.config.num_layers == 1 and model.config.embed_dim == 16
   opts = types.SimpleNamespace(
       ar_max_steps=4,
@@ -95,12 +96,14 @@ def test_ar_warm_start_grpo_and_report(bench, tmp_path):
       max_prompt_length=10,
       max_new_tokens=4,
   )
-  history, steps = bench.ar_warm_start(
+  history, steps = bench._ar_grpo.ar_warm_start(
       model, tokenizer, sft_cfg, prompts.held_out, reward_fn, 1.01, opts
   )
   # An unreachable target: evaluations at steps 0, 2 and 4, then stop.
   assert [s for s, _ in history] == [0, 2, 4] and steps == 4
-  row = bench.ar_grpo(cfg, model, tokenizer, prompts, reward_fn, tmp_path)
+  row = bench._ar_grpo.ar_grpo(
+      cfg, model, tokenizer, prompts, reward_fn, tmp_path
+  )
   assert row["rollout_tokens"] <= 4 * 4 and row["rollout_model_calls"] >= 2
   assert len(row["train_step_rewards"]) == 1
   assert 0.0 <= row["greedy_exact_match_end"] <= 1.0
