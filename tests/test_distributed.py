@@ -17,6 +17,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+from tunix_blockdiff import cli
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import launch
@@ -56,13 +59,10 @@ def _launch(args, processes=2, timeout=300) -> str:
   return proc.stdout
 
 
-def _single(args, timeout=300) -> str:
-  proc = subprocess.run(
-      [sys.executable, "-m", "tunix_blockdiff.cli", *args],
-      env=_env(8), capture_output=True, text=True, timeout=timeout,
-  )
-  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-  return proc.stdout
+def _single(args) -> None:
+  """One process with this test process's 8 CPU devices (conftest)."""
+  assert jax.device_count() == 8
+  assert cli.main(args) == 0
 
 
 def _params(run_dir: pathlib.Path, step: int = 4) -> dict:
@@ -150,6 +150,34 @@ def test_mesh_layout_and_rows():
   np.testing.assert_array_equal(
       distributed.gather(batch["tokens"]), np.arange(32).reshape(8, 4)
   )
+
+
+@pytest.mark.parametrize("packing", ["none", "block_aligned"])
+@pytest.mark.parametrize("rows", [(0, 4), (4, 8), (2, 6)])
+def test_process_rows_of_sft_batches_are_rows_of_the_full_batch(packing, rows):
+  rng = np.random.default_rng(0)
+  pairs = [
+      (rng.integers(4, 20, rng.integers(1, 5)).tolist(),
+       rng.integers(4, 20, rng.integers(1, 6)).tolist())
+      for _ in range(40)
+  ]
+  examples = data_lib.as_examples(
+      pairs, seq_len=16, vocab_size=20, mask_token_id=3
+  )
+  diffusion = config_lib.BlockDiffusionConfig(block_size=4, mask_token_id=3)
+  config = data_lib.DataConfig(
+      seq_len=16, batch_size=8, vocab_size=20, packing=packing, cp_size=2,
+      num_epochs=1,
+  )
+  full = list(data_lib.SFTBatches(examples, diffusion, config))
+  part = list(data_lib.SFTBatches(examples, diffusion, config, rows=rows))
+  assert len(part) == len(full) > 1
+  for a, b in zip(part, full):
+    assert a.keys() == b.keys()
+    for name in a:
+      np.testing.assert_array_equal(a[name], b[name][rows[0] : rows[1]])
+  with pytest.raises(ValueError, match="rows must be"):
+    data_lib.SFTBatches(examples, diffusion, config, rows=(4, 9))
 
 
 def test_initialize_validates_before_starting():
