@@ -11,6 +11,9 @@ import inspect
 from typing import Any, Protocol, runtime_checkable
 
 from flax import nnx
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -197,6 +200,12 @@ def test_compute_diffusion_logits_rejects_misaligned_logits(batch):
     compat.compute_diffusion_logits(
         None, prepared, lambda m, x: jnp.zeros((4, SEQ, 2))
     )
+  with pytest.raises(ValueError, match="finite"):
+    compat.DiffusionTokenBatch.create(
+        model_inputs=prepared.model_inputs,
+        target_ids=prepared.target_ids,
+        loss_weights=np.full(prepared.target_ids.shape, np.nan, np.float32),
+    )
 
 
 def test_logits_fn_rejects_bad_inputs():
@@ -251,6 +260,43 @@ def test_loss_is_weighted_cross_entropy_without_shift():
   np.testing.assert_allclose(out.primary_loss.compute(), want, rtol=1e-6)
   assert isinstance(out, compat.LossOutput)
   assert isinstance(out.primary_loss, compat.WeightedMetric)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    scale=st.floats(0.1, 10.0),
+)
+def test_denominators_agree_on_binary_weights_and_scale_as_documented(
+    seed, scale
+):
+  rng = np.random.default_rng(seed)
+  logits = jnp.asarray(rng.normal(size=(2, 5, 6)), jnp.float32)
+  targets = rng.integers(0, 6, (2, 5)).astype(np.int32)
+  binary = (rng.random((2, 5)) < 0.6).astype(np.float32)
+  binary[0, 0] = 1.0
+
+  def loss(weights, denominator):
+    prepared = compat.DiffusionTokenBatch.create(
+        model_inputs={"x": targets}, target_ids=targets, loss_weights=weights
+    )
+    return float(
+        upstream.diffusion_loss_fn(
+            None, prepared, _logits_of(logits), denominator=denominator
+        ).primary_loss.compute()
+    )
+
+  by_weights = loss(binary, "loss_weights")
+  np.testing.assert_allclose(by_weights, loss(binary, "targets"), rtol=1e-5)
+  # A weighted mean does not change when every weight is scaled; the
+  # per-target mean scales with the weights.
+  scaled = binary * np.float32(scale)
+  np.testing.assert_allclose(
+      loss(scaled, "loss_weights"), by_weights, rtol=1e-5
+  )
+  np.testing.assert_allclose(
+      loss(scaled, "targets"), scale * by_weights, rtol=1e-5
+  )
 
 
 def test_inactive_slots_reach_neither_loss_nor_gradient():
@@ -350,3 +396,30 @@ def test_stock_peft_trainer_takes_the_steps_of_block_diffusion_trainer():
   )
   for a, b in zip(stock_params, our_params):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_block_diffusion_trainer_keeps_its_loss_output_path(batch):
+  # ExactAccumulation reduces a LossOutput itself (exact token-weighted
+  # accumulation on 0.1.7), so it must get one, not (mean, aux).
+  model = _model()
+  ours = trainer_lib.BlockDiffusionTrainer(
+      model,
+      optax.sgd(0.1),
+      _training_config(max_steps=1, gradient_accumulation_steps=2),
+      DCFG,
+  )
+  upstream.configure_diffusion_sft(
+      ours,
+      upstream.BlockDiffusionBatchAdapter(),
+      upstream.BlockDiffusionLogitsFn(DCFG),
+      denominator="targets",
+  )
+  assert not ours._has_aux
+  out = ours.loss_fn(model, **ours.gen_model_input_fn(batch))
+  assert isinstance(out, compat.LossOutput)
+  want = trainer_lib.make_diffusion_loss_fn(DCFG)(
+      model, **trainer_lib.diffusion_model_inputs(batch)
+  )
+  np.testing.assert_allclose(
+      out.primary_loss.compute(), want.primary_loss.compute(), rtol=1e-6
+  )
