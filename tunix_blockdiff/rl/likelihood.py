@@ -37,6 +37,7 @@ from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rl import scoring
 from tunix_blockdiff.rl import selection
+from tunix_blockdiff.rl import trajectory_batch
 from tunix_blockdiff.rollout import denoise as denoise_lib
 
 LIKELIHOODS = ("exact", "committed_only")
@@ -82,7 +83,7 @@ def per_token_logps(
 
   Args:
     model: The policy (a Tunix model used as a block-diffusion model).
-    batch: From `scoring.prepare_trajectory_batch`: the whole trace (every
+    batch: From `prepare_trajectory_batch`: the whole trace (every
       committed token, also those after EOS in its block: they shaped later
       canvases); `loss_weights == 0` marks slots returned as 0.
     config: The rollout's `DenoiseConfig`.
@@ -114,7 +115,7 @@ def per_token_logps(
   denoise_lib.check_vocab(logits.shape[-1], config)
   commit_step = inputs["commit_step"]
   committed = commit_step >= 0
-  positions = scoring.sequence_layout(inputs, config.mask_token_id)[
+  positions = trajectory_batch.sequence_layout(inputs, config.mask_token_id)[
       "positions"
   ][:, -commit_step.shape[1] :]
   log_probs = denoise_lib.proposal_log_probs(logits, config)
@@ -198,7 +199,7 @@ def score_trajectories_jit(
     float32 [B, N] log-probs, 0 where never committed (see `per_token_logps`).
   """
   check_likelihood(likelihood, config)
-  batch = scoring.prepare_trajectory_batch(
+  batch = trajectory_batch.prepare_trajectory_batch(
       prompt_tokens,
       prompt_mask,
       completion_tokens,
@@ -279,7 +280,7 @@ def trajectory_per_token_logprob(
         " target-aligned logits_fn(tokens [B, L], positions [B, L]) ->"
         f" [B, L, V], got {type(model_or_logits_fn).__name__}"
     )
-  scoring.prepare_trajectory_batch(  # validates the trace
+  trajectory_batch.prepare_trajectory_batch(  # validates the trace
       result.prompt_tokens,
       prompt_mask,
       result.trace_tokens,
