@@ -42,6 +42,7 @@ from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl as rl_job
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_reward
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _ar_grpo  # pylint: disable=g-import-not-at-top,g-bad-import-order
@@ -218,7 +219,7 @@ def main(argv=None) -> int:
         num_held_out=int(cfg.eval.num_prompts),
         seed=int(cfg.seed) + 1000,
     )
-    reward_fn = rl_data.recipe_reward(cfg, prompts)
+    reward_fn = rl_reward.recipe_reward(cfg, prompts)
     model = _ar_grpo.ar_model(sft_cfg, seed=int(cfg.seed) + 7)
     opts.max_prompt_length = int(cfg.rollout.max_prompt_length)
     opts.max_new_tokens = int(cfg.rollout.max_tokens_to_generate)

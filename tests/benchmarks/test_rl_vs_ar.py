@@ -16,6 +16,7 @@ import pytest
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_reward
 
 PATH = (
     pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rl_vs_ar.py"
@@ -86,7 +87,7 @@ def test_ar_warm_start_grpo_and_report(bench, tmp_path):
   ])
   tokenizer = tasks.CharTokenizer()
   prompts = rl_data.task_prompts(sft_cfg, 2, seed=5)
-  reward_fn = rl_data.exact_match_reward(prompts.task)
+  reward_fn = rl_reward.exact_match_reward(prompts.task)
   model = bench._ar_grpo.ar_model(sft_cfg, seed=0)
   assert model.config.num_layers == 1 and model.config.embed_dim == 16
   opts = types.SimpleNamespace(

@@ -1,7 +1,6 @@
-"""Prompts and rewards of the rl/opd jobs: dataset rows and user rewards."""
+"""Prompt rows of the rl/opd jobs (`jobs.rl_data`): tasks and dataset files."""
 
 import json
-import textwrap
 
 from hypothesis import given
 from hypothesis import settings
@@ -13,28 +12,6 @@ import pytest
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import rl_data
 
-REWARDS_MODULE = textwrap.dedent("""
-    NOT_A_FUNCTION = 3
-
-    def with_answer(prompts, completions, answer, mode, **kwargs):
-      return [float(c == a) for c, a in zip(completions, answer)]
-
-    def too_narrow(prompts, completions):
-      return [0.0] * len(prompts)
-
-    class Scorer:
-      @staticmethod
-      def score(prompts, completions, **kwargs):
-        return [1.0] * len(prompts)
-""")
-
-
-@pytest.fixture(name="rewards_module")
-def _rewards_module(tmp_path, monkeypatch):
-  (tmp_path / "user_rewards_rl_data.py").write_text(REWARDS_MODULE)
-  monkeypatch.syspath_prepend(str(tmp_path))
-  return "user_rewards_rl_data"
-
 
 def _write_jsonl(path, rows):
   path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -43,32 +20,6 @@ def _write_jsonl(path, rows):
 
 def _no_check(prompt):
   del prompt
-
-
-def test_load_reward_fn_returns_the_named_function(rewards_module):
-  fn = rl_data.load_reward_fn(f"{rewards_module}:with_answer", ["answer"])
-  assert fn(prompts=["p"], completions=["a"], answer=["a"], mode="train") == [
-      1.0
-  ]
-  scorer = rl_data.load_reward_fn(f"{rewards_module}:Scorer.score", ["tag"])
-  assert scorer(prompts=["p", "q"], completions=["", ""]) == [1.0, 1.0]
-
-
-@pytest.mark.parametrize(
-    "spec, error, match",
-    [
-        ("no_colon", ValueError, "package.module:function"),
-        ("a:b:c", ValueError, "package.module:function"),
-        ("", ValueError, "package.module:function"),
-        ("no_such_pkg_xyz.rewards:fn", ValueError, "not found"),
-        ("{m}:missing", ValueError, "no attribute 'missing'"),
-        ("{m}:NOT_A_FUNCTION", ValueError, "not a function"),
-        ("{m}:too_narrow", ValueError, "cannot take Tunix's reward call"),
-    ],
-)
-def test_load_reward_fn_rejects_bad_specs(rewards_module, spec, error, match):
-  with pytest.raises(error, match=match):
-    rl_data.load_reward_fn(spec.format(m=rewards_module), ["answer"])
 
 
 def test_dataset_rows_are_renamed_validated_and_split(tmp_path, capsys):
@@ -197,20 +148,3 @@ def test_cycle_rows_passes_over_every_row_each_epoch(num_rows, num, seed):
     epoch = sorted(int(r["prompt"]) for r in out[start : start + num_rows])
     assert epoch == list(range(num_rows))
   assert out == rl_data.cycle_rows(rows, num, seed)
-
-
-def test_recipe_reward_defaults_to_exact_match_and_needs_answers():
-  prompts = rl_data.PromptSet(
-      train=[{"prompt": "p"}],
-      held_out=[{"prompt": "p"}],
-      source="x",
-      columns=(),
-  )
-  cfg = omegaconf.OmegaConf.create({"reward": None})
-  with pytest.raises(ValueError, match="needs an answer column"):
-    rl_data.recipe_reward(cfg, prompts)
-  exact = rl_data.exact_match_reward()
-  assert exact(prompts=["a", "b"], completions=["12", "3"], answer=[12, 4]) == [
-      1.0,
-      0.0,
-  ]

@@ -38,6 +38,7 @@ from tunix_blockdiff import tiny_models
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import opd
 from tunix_blockdiff.rl import scoring
@@ -296,7 +297,7 @@ def run(cfg) -> dict[str, Any]:
       seed=int(cfg.seed) + 2000,
   )
   held_out = prompts.held_out
-  reward_fn = rl_data.recipe_reward(cfg, prompts)
+  reward_fn = rl_reward.recipe_reward(cfg, prompts)
   teacher_pairs = rl_data.prompt_pairs(prompts.train[:num_teacher])
   opd_rows = prompts.train[num_teacher:]
 

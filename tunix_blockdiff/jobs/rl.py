@@ -35,6 +35,7 @@ from tunix.sft import metrics_logger as metrics_lib
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
 
@@ -91,7 +92,7 @@ def run(cfg) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   if cfg.get("reward"):  # A bad spec fails before the warm start.
-    rl_data.load_reward_fn(str(cfg.reward), columns=None)
+    rl_reward.load_reward_fn(str(cfg.reward), columns=None)
   policy, sft_cfg, sft_summary = rl_common.load_policy(cfg.init, out)
   warm_start_seconds = clock()
   tokenizer = common.build_tokenizer(sft_cfg.tokenizer, sft_cfg.model)
@@ -108,7 +109,7 @@ def run(cfg) -> dict[str, Any]:
   )
   held_out = prompts.held_out
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
-  reward_fn = rl_data.recipe_reward(cfg, prompts)
+  reward_fn = rl_reward.recipe_reward(cfg, prompts)
   train_rewards: list[float] = []
 
   @functools.wraps(reward_fn)

@@ -1,13 +1,9 @@
-"""Prompts and rewards of the `rl` and `opd` jobs.
+"""Prompts of the `rl` and `opd` jobs (their rewards: `jobs.rl_reward`).
 
 Prompts come from the SFT warm start's built-in task (the default) or from
-dataset files named by the recipe's `dataset` section; the reward is exact
-match with the row's `answer` (the default) or a user function named by the
-recipe's `reward` key, `package.module:function`, with Tunix's reward
-signature `fn(prompts, completions, **kwargs) -> list[float]`. As in Tunix,
-every other column of the prompt rows (`answer`, ...) reaches the reward
-function as a keyword argument holding one value per completion, as does
-`mode` (`"train"` or `"eval"`).
+dataset files named by the recipe's `dataset` section. As in Tunix, every
+column of the prompt rows besides the prompt (`answer`, ...) reaches the
+reward function as a keyword argument holding one value per completion.
 
 Rows are dicts `{"prompt": str, "answer": ..., <other columns>}`; batches for
 Tunix's learners are dicts of NumPy arrays (`prompts` and one array per
@@ -18,10 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import inspect
-import os
-import re
 import sys
 from typing import Any, Callable, Iterator, Sequence
 
@@ -33,7 +25,6 @@ from tunix_blockdiff.data import sources as sources_lib
 from tunix_blockdiff.jobs import common
 
 Row = dict[str, Any]
-RewardFn = Callable[..., Any]
 
 DATASET_KEYS = (
     "train",
@@ -47,7 +38,6 @@ DATASET_KEYS = (
 # The shared `dataset.fields` schema; RL and OPD read `prompt` and `answer`.
 FIELD_KEYS = ("prompt", "completion", "messages", "text", "answer")
 BAD_ROWS = ("skip", "error")
-REWARD_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 MAX_REPORTED_BAD_ROWS = 5
 
 
@@ -313,104 +303,6 @@ def prompt_pairs(rows: Sequence[Row]) -> list[tuple[str, str]]:
   return [(r["prompt"], str(r["answer"])) for r in rows]
 
 
-# -----------------------------------------------------------------------------
-# Rewards.
-# -----------------------------------------------------------------------------
-
-
-def exact_match_reward(task: tasks_lib.Task | None = None) -> RewardFn:
-  """Tunix reward fn: 1.0 where the completion is exactly the answer.
-
-  With a task, its `check` decides; otherwise string equality with
-  `str(answer)`.
-  """
-
-  def exact_match(prompts, completions, answer, **unused_kwargs):
-    del unused_kwargs
-    if task is not None:
-      return [
-          float(task.check(p, c, a))
-          for p, c, a in zip(prompts, completions, answer)
-      ]
-    return [float(c == str(a)) for c, a in zip(completions, answer)]
-
-  return exact_match
-
-
-def load_reward_fn(spec: str, columns: Sequence[str] | None = None) -> RewardFn:
-  """The user's reward function named `package.module:function`.
-
-  The module is imported from `sys.path` (the current directory is tried
-  too). With `columns`, the function must accept Tunix's call
-  `fn(prompts=..., completions=..., mode=..., **columns)`.
-
-  Args:
-    spec: `package.module:function` (the attribute may be dotted).
-    columns: Prompt-row columns passed as keyword arguments; None skips the
-      signature check (the columns are not known yet).
-
-  Raises:
-    errors.UsageError (a ValueError): malformed spec, module not found,
-      attribute missing, not callable, or cannot take Tunix's call.
-  """
-  if not isinstance(spec, str) or not REWARD_SPEC.match(spec):
-    raise errors.UsageError(
-        f"reward must look like 'package.module:function', got {spec!r}"
-    )
-  module_name, attr_path = spec.split(":")
-  if os.getcwd() not in sys.path:
-    sys.path.append(os.getcwd())
-  try:
-    module = importlib.import_module(module_name)
-  except ModuleNotFoundError as e:
-    if e.name and module_name.startswith(e.name):
-      raise errors.UsageError(
-          f"reward {spec!r}: module {e.name!r} not found (looked on sys.path,"
-          " PYTHONPATH and the current directory)"
-      ) from None
-    raise
-  target = module
-  for part in attr_path.split("."):
-    if not hasattr(target, part):
-      raise errors.UsageError(
-          f"reward {spec!r}: {getattr(target, '__name__', target)!r} has no"
-          f" attribute {part!r}"
-      )
-    target = getattr(target, part)
-  if not callable(target):
-    raise errors.UsageError(
-        f"reward {spec!r} is a {type(target).__name__}, not a function"
-    )
-  if columns is None:
-    return target
-  try:
-    signature = inspect.signature(target)
-  except (TypeError, ValueError):  # Builtins without a signature.
-    return target
-  keywords = ["prompts", "completions", "mode", *columns]
-  try:
-    signature.bind(**{k: [] for k in keywords})
-  except TypeError as e:
-    raise errors.UsageError(
-        f"reward {spec!r}{signature} cannot take Tunix's reward call with"
-        f" keywords {keywords} ({e}); use fn(prompts, completions, **kwargs)"
-    ) from None
-  return target
-
-
-def recipe_reward(cfg, prompts: PromptSet) -> RewardFn:
-  """The recipe's `reward` function, or exact match when it is null."""
-  spec = cfg.get("reward")
-  if spec:
-    return load_reward_fn(str(spec), prompts.columns)
-  if "answer" not in prompts.columns:
-    raise errors.UsageError(
-        "the default exact-match reward needs an answer column; set reward to"
-        " package.module:function or add answers to the prompt rows"
-    )
-  return exact_match_reward(prompts.task)
-
-
 def recipe_prompts(
     cfg, sft_cfg, tokenizer, *, num_train: int, num_held_out: int, seed: int
 ) -> PromptSet:
@@ -436,13 +328,10 @@ __all__ = [
     "check_dataset_section",
     "cycle_rows",
     "dataset_prompts",
-    "exact_match_reward",
-    "load_reward_fn",
     "prompt_batches",
     "prompt_pairs",
     "prompt_validator",
     "read_prompt_rows",
     "recipe_prompts",
-    "recipe_reward",
     "task_prompts",
 ]
