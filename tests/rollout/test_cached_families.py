@@ -65,7 +65,6 @@ def _generate(model, config, use_cache, lengths=(7, 2, 4)):
     "family, config_name",
     [
         ("qwen2", "threshold"),
-        ("gemma3", "threshold"),
         ("gemma3", "static-shifted-sampled"),
     ],
 )
