@@ -276,6 +276,33 @@ def test_launcher_fails_fast_and_names_the_failed_process(capsys):
   assert "[p0] working" in captured.out and "[p1] working" in captured.out
 
 
+def test_a_dying_sft_process_fails_the_launch_and_stops_its_peer(
+    tmp_path, data_file, capsys
+):
+  # Process 1 runs the real `sft` and dies (exit 5) 8 s in; process 0 would
+  # wait for it in a collective or at initialisation.
+  script = (
+      "import os, sys, threading\n"
+      "if sys.argv[-1] == 'distributed.process_id=1':\n"
+      "  threading.Timer(8, lambda: os._exit(5)).start()\n"
+      "from tunix_blockdiff import cli\n"
+      "sys.exit(cli.main(sys.argv[1:]))\n"
+  )
+  start = time.monotonic()
+  code = launch.launch(
+      ["sft", f"output_dir={tmp_path}", f"dataset.train={data_file}",
+       "mesh.fsdp=8", *SMALL, "training.max_steps=400"],
+      processes=2,
+      devices_per_process=4,
+      grace=2,
+      program=[sys.executable, "-c", script],
+  )
+  assert code == 5
+  assert time.monotonic() - start < 60
+  assert "process 1 of 2 failed with exit code 5" in capsys.readouterr().err
+  assert not (tmp_path / "summary.json").exists()
+
+
 def test_launch_usage_errors():
   with pytest.raises(SystemExit):
     launch.parse_args(["--processes", "2", "--", "nope"])

@@ -119,26 +119,6 @@ def is_main_process() -> bool:
   return jax.process_index() == 0
 
 
-def log_prefix() -> str:
-  """`[pN] ` with several processes, '' with one."""
-  return f"[p{jax.process_index()}] " if jax.process_count() > 1 else ""
-
-
-def barrier(name: str, timeout_s: int = 300) -> None:
-  """Waits (at most `timeout_s`) until every process reaches `name`."""
-  if jax.process_count() == 1:
-    return
-  client = jax._src.distributed.global_state.client  # pylint: disable=protected-access
-  try:
-    client.wait_at_barrier(name, timeout_in_ms=int(timeout_s * 1000))
-  except Exception as e:  # pylint: disable=broad-exception-caught
-    raise RuntimeError(
-        f"process {jax.process_index()}: not every one of the"
-        f" {jax.process_count()} processes reached {name!r} within"
-        f" {timeout_s} s (did a peer fail? see its output): {e}"
-    ) from e
-
-
 # The global mesh.
 
 
@@ -335,7 +315,6 @@ __all__ = [
     "DISTRIBUTED_KEYS",
     "GlobalBatches",
     "MESH_AXES",
-    "barrier",
     "batch_sharding",
     "build_mesh",
     "check_cp_size",
@@ -344,7 +323,6 @@ __all__ = [
     "initialize",
     "is_main_process",
     "local_device_flags",
-    "log_prefix",
     "mesh_shape",
     "process_rows",
 ]
