@@ -16,8 +16,8 @@ from tunix.sft import metrics_logger as metrics_lib
 from tunix.sft import peft_trainer
 
 from tunix_blockdiff import tiny_models
+from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import opd as opd_job
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 
@@ -143,7 +143,7 @@ def ar_warm_start(model, tokenizer, sft_cfg, rows, reward_fn, target, opts):
           pbar_description="AR causal SFT",
       ),
   )
-  batches = opd_job.causal_lm_batches(
+  batches = ar_teacher.causal_lm_batches(
       sft_pairs(sft_cfg, rows),
       tokenizer,
       seq_len=int(sft_cfg.data.seq_len),

@@ -28,13 +28,10 @@ import sys
 from typing import Any, Sequence
 
 import numpy as np
-import optax
-from tunix.generate import sampler as sampler_lib
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import metrics_logger as metrics_lib
-from tunix.sft import peft_trainer
 
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
@@ -47,146 +44,6 @@ from tunix_blockdiff.rollout import engine as engine_lib
 FIGURE_FILE = "opd.png"
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
-
-
-# -----------------------------------------------------------------------------
-# The autoregressive teacher.
-# -----------------------------------------------------------------------------
-
-
-def causal_lm_batches(
-    pairs, tokenizer, *, seq_len: int, batch_size: int, seed: int
-):
-  """Endless next-token batches for Tunix's default PeftTrainer loss.
-
-  Rows are `[BOS prompt answer EOS]`, right-padded; `input_mask` marks the
-  answer and EOS (the loss's targets); the attention mask is causal over
-  real tokens.
-  """
-  rows, targets = [], []
-  for prompt, answer in pairs:
-    prompt_ids, answer_ids = common.encode_pair(tokenizer, prompt, answer)
-    ids = prompt_ids + answer_ids
-    if len(ids) > seq_len:
-      raise ValueError(
-          f"example of {len(ids)} tokens exceeds seq_len={seq_len}"
-      )
-    rows.append(ids + [tokenizer.pad_id()] * (seq_len - len(ids)))
-    targets.append(
-        [0] * len(prompt_ids)
-        + [1] * len(answer_ids)
-        + [0] * (seq_len - len(ids))
-    )
-  rows = np.asarray(rows, np.int32)
-  targets = np.asarray(targets, bool)
-  valid = rows != tokenizer.pad_id()
-  positions = np.broadcast_to(np.arange(seq_len, dtype=np.int32), rows.shape)
-  causal = np.tril(np.ones((seq_len, seq_len), bool))
-  rng = np.random.default_rng(seed)
-  while True:
-    order = rng.permutation(len(rows))
-    for start in range(0, len(order) - batch_size + 1, batch_size):
-      index = order[start : start + batch_size]
-      yield {
-          "input_tokens": rows[index],
-          "input_mask": targets[index],
-          "positions": positions[index],
-          "attention_mask": causal[None] & valid[index][:, None, :],
-      }
-
-
-def train_ar_teacher(
-    teacher_cfg, tokenizer, vocab_size: int, pairs, *, seq_len: int, seed: int
-):
-  """A Tunix Qwen3 trained causally (next-token loss) with `PeftTrainer`."""
-  model = tiny_models.tiny_qwen3(
-      vocab_size,
-      seed=seed,
-      num_layers=int(teacher_cfg.num_layers),
-      embed_dim=int(teacher_cfg.embed_dim),
-      hidden_dim=int(teacher_cfg.hidden_dim),
-      num_heads=int(teacher_cfg.num_heads),
-      head_dim=int(teacher_cfg.head_dim),
-      num_kv_heads=int(teacher_cfg.num_kv_heads),
-  )
-  steps = int(teacher_cfg.steps)
-  schedule = optax.warmup_cosine_decay_schedule(
-      0.0,
-      float(teacher_cfg.learning_rate),
-      warmup_steps=min(int(teacher_cfg.warmup_steps), steps - 1),
-      decay_steps=steps,
-      end_value=0.1 * float(teacher_cfg.learning_rate),
-  )
-  trainer = peft_trainer.PeftTrainer(
-      model,
-      optax.chain(
-          optax.clip_by_global_norm(1.0), optax.adamw(schedule, b2=0.99)
-      ),
-      peft_trainer.TrainingConfig(
-          eval_every_n_steps=10**9,
-          max_steps=steps,
-          pbar_description="AR teacher",
-      ),
-  )
-  trainer.train(
-      causal_lm_batches(
-          pairs,
-          tokenizer,
-          seq_len=seq_len,
-          batch_size=int(teacher_cfg.batch_size),
-          seed=seed,
-      )
-  )
-  logger = trainer.metrics_logger
-  losses = (
-      np.asarray(
-          logger.get_metric_history(trainer.metrics_prefix, "loss", "train")
-      )
-      if logger.metric_exists(trainer.metrics_prefix, "loss", "train")
-      else np.zeros((0,))
-  )
-  return trainer.model, losses
-
-
-def teacher_exact_match(
-    teacher,
-    tokenizer,
-    reward_fn,
-    rows,
-    *,
-    max_new_tokens: int,
-    max_prompt_length: int,
-) -> float:
-  """Mean `reward_fn` (exact match) of the AR teacher's greedy completions.
-
-  Generated with Tunix's `Sampler`.
-  """
-  config = teacher.config
-  sampler = sampler_lib.Sampler(
-      teacher,
-      tokenizer,
-      sampler_lib.CacheConfig(
-          cache_size=max_prompt_length + max_new_tokens + 8,
-          num_layers=config.num_layers,
-          num_kv_heads=config.num_kv_heads,
-          head_dim=config.head_dim,
-      ),
-  )
-  batch = next(rl_data.prompt_batches(rows, len(rows)))
-  prompts = list(batch.pop("prompts"))
-  output = sampler(
-      prompts,
-      max_generation_steps=max_new_tokens,
-      max_prompt_length=max_prompt_length,
-      temperature=0.0,
-  )
-  return float(
-      np.mean(
-          reward_fn(
-              prompts=prompts, completions=output.text, mode="eval", **batch
-          )
-      )
-  )
 
 
 # -----------------------------------------------------------------------------
@@ -302,7 +159,7 @@ def run(cfg) -> dict[str, Any]:
   opd_rows = prompts.train[num_teacher:]
 
   teacher_clock = common.Stopwatch()
-  teacher, teacher_losses = train_ar_teacher(
+  teacher, teacher_losses = ar_teacher.train_ar_teacher(
       cfg.teacher,
       tokenizer,
       vocab_size,
@@ -312,7 +169,7 @@ def run(cfg) -> dict[str, Any]:
   )
   teacher_seconds = teacher_clock()
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
-  teacher_em = teacher_exact_match(
+  teacher_em = ar_teacher.teacher_exact_match(
       teacher,
       tokenizer,
       reward_fn,
