@@ -168,9 +168,10 @@ def generate(
 
   Args:
     model: A Tunix causal LM called as `model(tokens, positions, cache,
-      attention_mask)` (Qwen3, Qwen2, Llama3, ...). The cached driver needs
-      dense attention (`use_flash_attention=False`) and, for models with a
-      sliding window (Gemma3), a window of at least the cache length.
+      attention_mask)` (Qwen3, Qwen2, Llama3, Gemma3). The cached driver
+      needs dense attention (`use_flash_attention=False`) and, for a model
+      with a sliding window (Gemma3), `ceil((P + N) / W) * W + W <= window`
+      (`kv_cache.check_model_for_cache`); the cacheless path has no limit.
     prompt_tokens: int [B, P] prompts, LEFT-padded: row b's prompt is its last
       `prompt_lengths[b]` slots.
     prompt_lengths: int [B] in [0, P] ([1, P] with `shifted` alignment).
