@@ -10,8 +10,10 @@ import numpy as np
 import omegaconf
 import optax
 import pytest
+import qwix
 from tunix.sft import peft_trainer
 
+from tunix_blockdiff import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data
 from tunix_blockdiff import modeling
@@ -195,3 +197,17 @@ def test_two_stream_refuses_a_window_it_would_apply_wrongly():
   with pytest.raises(ValueError, match="two-stream.*sliding window"):
     loss(model)
   assert np.isfinite(float(loss(_tiny("gemma3", sliding_window_size=2 * SEQ))))
+
+
+def test_lora_on_gemma3_einsums_trains_but_does_not_merge():
+  """qwix LoRA reaches Gemma3's attention einsums; merge_lora refuses them."""
+  lora = qwix.apply_lora_to_model(
+      _tiny("gemma3"),
+      qwix.LoraProvider(module_path=".*einsum|.*_proj", rank=2, alpha=4.0),
+      rngs=nnx.Rngs(0),
+      **_tiny("gemma3").get_model_input(),
+  )
+  names = {p[-2] for p, _ in nnx.to_flat_state(nnx.state(lora, nnx.LoRAParam))}
+  assert {"q_einsum", "kv_einsum", "attn_vec_einsum", "down_proj"} <= names
+  with pytest.raises(ValueError, match="einsum weights"):
+    checkpoints.merge_lora(lora, _tiny("gemma3"), rank=2, alpha=4.0)

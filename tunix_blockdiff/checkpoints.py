@@ -223,6 +223,14 @@ def merge_lora(lora_model, plain_model, *, rank: int, alpha: float):
           lora[b_key].astype(jnp.float32),
           axes=1,
       )
+      if delta.shape != value.shape:
+        raise ValueError(
+            f"{path}: LoRA factors {lora[a_key].shape} x"
+            f" {lora[b_key].shape} do not lay out as the weight"
+            f" {value.shape}; merge_lora merges LoRA on linear layers only,"
+            " not on einsum weights (e.g. Gemma3's q_einsum/kv_einsum):"
+            " leave those out of lora.module_path to merge"
+        )
       value = (value.astype(jnp.float32) + delta * (alpha / rank)).astype(
           value.dtype
       )
