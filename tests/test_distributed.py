@@ -50,10 +50,22 @@ def _env(devices: int) -> dict:
 def _launch(args, processes=2, timeout=300) -> str:
   """`tunix-blockdiff launch` in a subprocess; its output (asserts rc 0)."""
   proc = subprocess.run(
-      [sys.executable, "-m", "tunix_blockdiff.cli", "launch",
-       "--processes", str(processes), "--devices-per-process", "4", "--",
-       *args],
-      env=_env(4), capture_output=True, text=True, timeout=timeout,
+      [
+          sys.executable,
+          "-m",
+          "tunix_blockdiff.cli",
+          "launch",
+          "--processes",
+          str(processes),
+          "--devices-per-process",
+          "4",
+          "--",
+          *args,
+      ],
+      env=_env(4),
+      capture_output=True,
+      text=True,
+      timeout=timeout,
   )
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   return proc.stdout
@@ -103,7 +115,9 @@ def data_file(tmp_path_factory):
   path = tmp_path_factory.mktemp("data") / "train.jsonl"
   pairs = tasks.get_task("reverse", min_digits=3, max_digits=5).sample(64, 0)
   path.write_text(
-      "".join(json.dumps({"prompt": p, "completion": a}) + "\n" for p, a in pairs)
+      "".join(
+          json.dumps({"prompt": p, "completion": a}) + "\n" for p, a in pairs
+      )
   )
   return path
 
@@ -112,16 +126,26 @@ def data_file(tmp_path_factory):
 def reference(tmp_path_factory, data_file):
   """The single-process, 8-device (fsdp=8) run."""
   out = tmp_path_factory.mktemp("ref")
-  _single(["sft", f"output_dir={out}", f"dataset.train={data_file}",
-           "mesh.fsdp=8", *SMALL])
+  _single([
+      "sft",
+      f"output_dir={out}",
+      f"dataset.train={data_file}",
+      "mesh.fsdp=8",
+      *SMALL,
+  ])
   return out
 
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory, data_file):
   out = tmp_path_factory.mktemp("fsdp8")
-  log = _launch(["sft", f"output_dir={out}", f"dataset.train={data_file}",
-                 "mesh.fsdp=8", *SMALL])
+  log = _launch([
+      "sft",
+      f"output_dir={out}",
+      f"dataset.train={data_file}",
+      "mesh.fsdp=8",
+      *SMALL,
+  ])
   return out, log
 
 
@@ -146,7 +170,9 @@ def test_mesh_layout_and_rows():
   batch = distributed.global_batch(
       {"tokens": np.arange(32).reshape(8, 4)}, mesh, 8
   )
-  assert batch["tokens"].sharding.spec == jax.sharding.PartitionSpec("fsdp", "sp")
+  assert batch["tokens"].sharding.spec == jax.sharding.PartitionSpec(
+      "fsdp", "sp"
+  )
   np.testing.assert_array_equal(
       distributed.gather(batch["tokens"]), np.arange(32).reshape(8, 4)
   )
@@ -157,8 +183,10 @@ def test_mesh_layout_and_rows():
 def test_process_rows_of_sft_batches_are_rows_of_the_full_batch(packing, rows):
   rng = np.random.default_rng(0)
   pairs = [
-      (rng.integers(4, 20, rng.integers(1, 5)).tolist(),
-       rng.integers(4, 20, rng.integers(1, 6)).tolist())
+      (
+          rng.integers(4, 20, rng.integers(1, 5)).tolist(),
+          rng.integers(4, 20, rng.integers(1, 6)).tolist(),
+      )
       for _ in range(40)
   ]
   examples = data_lib.as_examples(
@@ -166,7 +194,11 @@ def test_process_rows_of_sft_batches_are_rows_of_the_full_batch(packing, rows):
   )
   diffusion = config_lib.BlockDiffusionConfig(block_size=4, mask_token_id=3)
   config = data_lib.DataConfig(
-      seq_len=16, batch_size=8, vocab_size=20, packing=packing, cp_size=2,
+      seq_len=16,
+      batch_size=8,
+      vocab_size=20,
+      packing=packing,
+      cp_size=2,
       num_epochs=1,
   )
   full = list(data_lib.SFTBatches(examples, diffusion, config))
@@ -200,8 +232,14 @@ def test_context_parallel_across_processes_equals_one_process(
     reference, tmp_path, data_file
 ):
   out = tmp_path / "sp"
-  _launch(["sft", f"output_dir={out}", f"dataset.train={data_file}",
-           "mesh.fsdp=2", "mesh.sp=4", *SMALL])
+  _launch([
+      "sft",
+      f"output_dir={out}",
+      f"dataset.train={data_file}",
+      "mesh.fsdp=2",
+      "mesh.sp=4",
+      *SMALL,
+  ])
   summary = json.loads((out / "summary.json").read_text())
   assert summary["recipe"]["mesh"] == {"fsdp": 2, "sp": 4}
   _assert_same_run(out, reference)
@@ -212,15 +250,36 @@ def test_killed_after_a_checkpoint_resumes_to_the_same_params(
 ):
   # 40 steps (a progress line each, a checkpoint every 2): long enough for
   # the kill to land mid-run.
-  run = ["sft", f"dataset.train={data_file}", "mesh.fsdp=8", *SMALL,
-         "training.max_steps=40", "training.eval_every_n_steps=2"]
+  run = [
+      "sft",
+      f"dataset.train={data_file}",
+      "mesh.fsdp=8",
+      *SMALL,
+      "training.max_steps=40",
+      "training.eval_every_n_steps=2",
+  ]
   ref, out = tmp_path / "ref", tmp_path / "resume"
   _single([*run, f"output_dir={ref}"])
-  args = [sys.executable, "-m", "tunix_blockdiff.cli", "launch",
-          "--processes", "2", "--devices-per-process", "4", "--grace", "0",
-          "--", *run, f"output_dir={out}"]
+  args = [
+      sys.executable,
+      "-m",
+      "tunix_blockdiff.cli",
+      "launch",
+      "--processes",
+      "2",
+      "--devices-per-process",
+      "4",
+      "--grace",
+      "0",
+      "--",
+      *run,
+      f"output_dir={out}",
+  ]
   proc = subprocess.Popen(
-      args, env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+      args,
+      env=_env(4),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
       text=True,
   )
   for line in proc.stdout:
@@ -233,7 +292,7 @@ def test_killed_after_a_checkpoint_resumes_to_the_same_params(
       int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()
   )
   assert saved and saved[-1] < 40, saved
-  log = _launch(args[args.index("--") + 1:])
+  log = _launch(args[args.index("--") + 1 :])
   assert f"resuming from the checkpoint of step {saved[-1]}" in log, log
   summary = json.loads((out / "summary.json").read_text())
   assert summary["train_steps"] == 40
@@ -248,8 +307,14 @@ def test_generate_two_processes_equals_one(two_process_run, tmp_path):
   _single(["generate", str(out), prompts, "max_new_tokens=6", "color=false"])
   single = json.loads((out / "generate.json").read_text())
   (out / "generate.json").unlink()
-  log = _launch(["generate", str(out), prompts, "max_new_tokens=6",
-                 "color=false", "mesh.fsdp=8"])
+  log = _launch([
+      "generate",
+      str(out),
+      prompts,
+      "max_new_tokens=6",
+      "color=false",
+      "mesh.fsdp=8",
+  ])
   multi = json.loads((out / "generate.json").read_text())
   assert multi["tokens"] == single["tokens"]
   assert multi["commit_step"] == single["commit_step"]
@@ -290,8 +355,14 @@ def test_a_dying_sft_process_fails_the_launch_and_stops_its_peer(
   )
   start = time.monotonic()
   code = launch.launch(
-      ["sft", f"output_dir={tmp_path}", f"dataset.train={data_file}",
-       "mesh.fsdp=8", *SMALL, "training.max_steps=400"],
+      [
+          "sft",
+          f"output_dir={tmp_path}",
+          f"dataset.train={data_file}",
+          "mesh.fsdp=8",
+          *SMALL,
+          "training.max_steps=400",
+      ],
       processes=2,
       devices_per_process=4,
       grace=2,

@@ -90,7 +90,10 @@ def initialize(distributed_cfg: Mapping[str, Any] | None) -> bool:
           f" {num_processes}), got {process_id}"
       )
   timeouts = {}
-  for key, default in (("initialization_timeout", 300), ("heartbeat_timeout", 60)):
+  for key, default in (
+      ("initialization_timeout", 300),
+      ("heartbeat_timeout", 60),
+  ):
     timeouts[key] = int(_get(distributed_cfg, key, default))
     if timeouts[key] < 1:
       raise ValueError(f"distributed.{key} must be >= 1 s, got {timeouts[key]}")
@@ -212,12 +215,13 @@ def process_rows(mesh: jax.sharding.Mesh, batch_size: int) -> tuple[int, int]:
     raise ValueError(
         f"batch size {batch_size} must be a multiple of mesh.fsdp={fsdp}"
     )
-  index_map = batch_sharding(mesh, 1).addressable_devices_indices_map(
-      (batch_size,)
-  )
+  index_map = batch_sharding(mesh, 1).addressable_devices_indices_map((
+      batch_size,
+  ))
   starts = sorted({s[0].start or 0 for s in index_map.values()})
-  stops = sorted({batch_size if s[0].stop is None else s[0].stop
-                  for s in index_map.values()})
+  stops = sorted({
+      batch_size if s[0].stop is None else s[0].stop for s in index_map.values()
+  })
   lo, hi = starts[0], stops[-1]
   rows = sum(b - a for a, b in zip(starts, stops))
   if rows != hi - lo:

@@ -48,9 +48,17 @@ def sft_run(request, tmp_path_factory):
   """An `sft` run under an (fsdp=4, tp=2) mesh, evaluation included."""
   out = tmp_path_factory.mktemp(request.param)
   extra = LORA if request.param == "lora" else []
-  assert cli.main(
-      ["sft", f"output_dir={out}", "mesh.fsdp=4", "mesh.tp=2", *TINY, *extra]
-  ) == 0
+  assert (
+      cli.main([
+          "sft",
+          f"output_dir={out}",
+          "mesh.fsdp=4",
+          "mesh.tp=2",
+          *TINY,
+          *extra,
+      ])
+      == 0
+  )
   return out, request.param
 
 
@@ -113,8 +121,11 @@ def test_rl_and_opd_start_from_an_sft_run_under_a_mesh(sft_run, tmp_path):
     code = opd.main([
         str(_job_recipe(tmp_path, "opd_tiny.yaml")),
         f"student.checkpoint={out}",
-        *[f"teacher.{k.removeprefix('model.')}" for k in TINY if
-          k.startswith("model.")],
+        *[
+            f"teacher.{k.removeprefix('model.')}"
+            for k in TINY
+            if k.startswith("model.")
+        ],
         "teacher.steps=2",
         "teacher.warmup_steps=1",
         "teacher.batch_size=8",
