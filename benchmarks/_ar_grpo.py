@@ -6,7 +6,11 @@ block diffusion.
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
+import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 from tunix.generate import sampler as sampler_lib
@@ -93,10 +97,12 @@ def ar_warm_start(model, tokenizer, sft_cfg, rows, reward_fn, target, opts):
   """Causal SFT of `model` until held-out greedy EM >= `target`.
 
   Evaluates every `opts.ar_eval_every` steps (and at step 0) and stops at the
-  first evaluation reaching `target`, or after `opts.ar_max_steps`.
+  first evaluation reaching `target`, or after `opts.ar_max_steps`; the
+  model is then set to the evaluated parameters closest to `target` (the
+  last evaluation can overshoot it).
 
   Returns:
-    (greedy EM history [(step, em)], steps trained).
+    (greedy EM history [(step, em)], (step, em) of the parameters kept).
   """
   cache = int(opts.max_prompt_length) + int(opts.max_new_tokens) + 8
   sampler = sampler_lib.Sampler(
@@ -129,6 +135,7 @@ def ar_warm_start(model, tokenizer, sft_cfg, rows, reward_fn, target, opts):
     )
 
   history = [(0, greedy_em())]
+  kept = [history[0], jax.tree.map(jnp.copy, nnx.state(model, nnx.Param))]
   trainer = peft_trainer.PeftTrainer(
       model,
       optax.chain(
@@ -158,27 +165,36 @@ def ar_warm_start(model, tokenizer, sft_cfg, rows, reward_fn, target, opts):
         yield next(batches)
         step += 1
       history.append((step, greedy_em()))
+      if abs(history[-1][1] - target) < abs(kept[0][1] - target):
+        kept[:] = [
+            history[-1],
+            jax.tree.map(jnp.copy, nnx.state(model, nnx.Param)),
+        ]
 
   if history[-1][1] < target:
     trainer.train(until_target())
-  return history, history[-1][0]
+  nnx.update(model, kept[1])
+  return history, kept[0]
 
 
-def ar_grpo(cfg, model, tokenizer, prompts: rl_data.PromptSet, reward_fn, out):
-  """Tunix's GRPO (vanilla Sampler rollout) on the AR model; a summary row."""
+def ar_cluster(cfg, model, tokenizer, out) -> "CountingRLCluster":
+  """Tunix's RLCluster with the vanilla Sampler rollout for the AR model.
+
+  TRAIN rollouts sample at `rollout.temperature` from the full distribution
+  (`top_p=1.0`: Tunix's Sampler decodes greedily when `top_p` is None);
+  EVAL rollouts are greedy.
+  """
   grpo_cfg = cfg.grpo
-  steps, per_step = int(grpo_cfg.steps), int(grpo_cfg.prompts_per_step)
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   mesh = rl_common.single_device_mesh()
-  train_rewards: list[float] = []
-
-  def tracked_reward(prompts, completions, **kwargs):
-    rewards = reward_fn(prompts=prompts, completions=completions, **kwargs)
-    if kwargs.get("mode", "train") == "train":
-      train_rewards.extend(np.asarray(rewards, np.float64).tolist())
-    return rewards
-
-  cluster = CountingRLCluster(
+  steps, per_step = int(grpo_cfg.steps), int(grpo_cfg.prompts_per_step)
+  configs = rl_common.rollout_configs(
+      cfg,
+      max_new_tokens,
+      kv_cache_size=int(cfg.rollout.max_prompt_length) + max_new_tokens + 8,
+  )
+  configs[Mode.TRAIN] = dataclasses.replace(configs[Mode.TRAIN], top_p=1.0)
+  return CountingRLCluster(
       actor=model,
       reference=None,
       tokenizer=tokenizer,
@@ -201,15 +217,26 @@ def ar_grpo(cfg, model, tokenizer, prompts: rl_data.PromptSet, reward_fn, out):
               ),
               pbar_description="autoregressive GRPO",
           ),
-          rollout_config=rl_common.rollout_configs(
-              cfg,
-              max_new_tokens,
-              kv_cache_size=int(cfg.rollout.max_prompt_length)
-              + max_new_tokens
-              + 8,
-          ),
+          rollout_config=configs,
       ),
   )
+
+
+def ar_grpo(cfg, model, tokenizer, prompts: rl_data.PromptSet, reward_fn, out):
+  """Tunix's GRPO (vanilla Sampler rollout) on the AR model; a summary row."""
+  grpo_cfg = cfg.grpo
+  per_step = int(grpo_cfg.prompts_per_step)
+  max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
+  mesh = rl_common.single_device_mesh()
+  train_rewards: list[float] = []
+
+  def tracked_reward(prompts, completions, **kwargs):
+    rewards = reward_fn(prompts=prompts, completions=completions, **kwargs)
+    if kwargs.get("mode", "train") == "train":
+      train_rewards.extend(np.asarray(rewards, np.float64).tolist())
+    return rewards
+
+  cluster = ar_cluster(cfg, model, tokenizer, out)
   learner = grpo_learner.GRPOLearner(
       cluster,
       grpo_learner.GRPOConfig(

@@ -13,14 +13,18 @@ import types
 import numpy as np
 import pytest
 
+from tunix.rl import rl_cluster as rl_cluster_lib
+
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
 
 PATH = (
     pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rl_vs_ar.py"
 )
+Mode = rl_cluster_lib.Mode
 TINY_MODEL = [
     "model.num_layers=1",
     "model.embed_dim=16",
@@ -97,11 +101,18 @@ def test_ar_warm_start_grpo_and_report(bench, tmp_path):
       max_prompt_length=10,
       max_new_tokens=4,
   )
-  history, steps = bench._ar_grpo.ar_warm_start(
+  history, kept = bench._ar_grpo.ar_warm_start(
       model, tokenizer, sft_cfg, prompts.held_out, reward_fn, 1.01, opts
   )
-  # An unreachable target: evaluations at steps 0, 2 and 4, then stop.
-  assert [s for s, _ in history] == [0, 2, 4] and steps == 4
+  # An unreachable target: evaluations at steps 0, 2 and 4, then stop and
+  # keep the evaluated parameters closest to the target.
+  assert [s for s, _ in history] == [0, 2, 4]
+  assert kept in history and kept[1] == max(em for _, em in history)
+  # TRAIN rollouts sample (Tunix's Sampler is greedy unless top_p is set).
+  cluster = bench._ar_grpo.ar_cluster(cfg, model, tokenizer, tmp_path / "c")
+  with rl_common.single_device_mesh():
+    texts = cluster.generate(["rev 12>"] * 8, mode=Mode.TRAIN).text
+  assert len(set(texts)) > 1
   row = bench._ar_grpo.ar_grpo(
       cfg, model, tokenizer, prompts, reward_fn, tmp_path
   )
