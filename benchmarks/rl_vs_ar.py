@@ -11,9 +11,10 @@ completion is the answer, 150 steps x 16 prompts x 8 rollouts):
 * `ar`: Tunix's own `GRPOLearner` with `RLCluster` and the vanilla `Sampler`
   rollout on an autoregressive Tunix Qwen3 of the same size, warm-started by
   causal SFT (Tunix's `PeftTrainer`, next-token loss, on the block-diffusion
-  warm start's training pairs) with early stopping at the first evaluation
-  whose held-out greedy exact match reaches the block-diffusion warm start's.
-  Same optimizer, learning rate, clipping, temperature, epsilon and loss
+  warm start's training pairs), evaluated every `--ar-eval-every` steps and
+  stopped once its held-out greedy exact match reaches the block-diffusion
+  warm start's, keeping the evaluated parameters closest to it. Same
+  optimizer, learning rate, clipping, temperature, epsilon and loss
   aggregation as the block-diffusion runs.
 
 Reported per method (held-out prompts, before and after GRPO): sampled
@@ -24,6 +25,7 @@ prefill plus one decode step per further token of its longest row), and
 wall time. Writes `summary.json` and `rl_vs_ar.png` to `--out`.
 
     python benchmarks/rl_vs_ar.py                     # the README table
+    python benchmarks/rl_vs_ar.py --reuse-bd          # rerun only the AR side
     python benchmarks/rl_vs_ar.py grpo.steps=60       # any rl_tiny override
     tunix-blockdiff bench rl_vs_ar [flags] [overrides]
 """
