@@ -110,7 +110,9 @@ def initialize(distributed_cfg: Mapping[str, Any] | None) -> bool:
     raise RuntimeError(
         "jax.distributed.initialize failed (coordinator"
         f" {_get(distributed_cfg, 'coordinator_address', 'auto-detected')},"
-        f" process {process_id} of {num_processes}); every process must run"
+        f" process {'auto' if process_id is None else process_id} of"
+        f" {'auto' if num_processes is None else num_processes}); every"
+        " process must run"
         " the same command with its own process_id and reach the coordinator"
         f" within {timeouts['initialization_timeout']} s: {e}"
     ) from e
