@@ -138,7 +138,11 @@ def pretrain(sizes: Sizes, tokenizer, files, out: pathlib.Path, log) -> dict:
       head_dim=sizes.head_dim,
       num_kv_heads=sizes.num_kv_heads,
   )
-  model = qwen3_lib.Qwen3(config, rngs=nnx.Rngs(sizes.seed))
+  # Tunix 0.1.7 initialises feed-forward kernels to zero, a saddle where they
+  # never receive a gradient: draw them, or the pretrained model has no MLPs.
+  model = tiny_models.random_mlps(
+      qwen3_lib.Qwen3(config, rngs=nnx.Rngs(sizes.seed)), sizes.seed
+  )
   bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
   documents = []
   for path in files:
