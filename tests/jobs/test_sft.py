@@ -91,3 +91,17 @@ def test_write_summary_makes_numbers_plain(tmp_path):
       tmp_path, {"a": np.float32(1.5), "b": np.arange(2), "c": float("nan")}
   )
   assert json.loads(path.read_text()) == {"a": 1.5, "b": [0, 1], "c": None}
+
+
+def test_context_parallel_refuses_a_gemma3_window_it_would_cut(tmp_path):
+  from tunix_blockdiff import errors  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.jobs import sft  # pylint: disable=g-import-not-at-top
+
+  cfg = common.load_recipe(
+      [f"output_dir={tmp_path}", *TINY, "model.kind=tiny_gemma3", "data.cp_size=2"]
+  )
+  omegaconf.OmegaConf.set_struct(cfg, False)
+  cfg.model.sliding_window_size = 8  # < data.seq_len (32)
+  with pytest.raises(errors.UsageError, match="sliding window"):
+    sft.run(cfg)
+  assert not (tmp_path / "summary.json").exists()

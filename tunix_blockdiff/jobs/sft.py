@@ -31,6 +31,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
+from tunix_blockdiff import models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
@@ -188,6 +189,22 @@ def _datasets(task_data, diffusion, data_config, cfg, mesh):
   return train_ds, eval_ds
 
 
+def _check_cp_window(cfg, model) -> None:
+  """Context-parallel reordering moves slots: refuse a window it would cut."""
+  mesh_cfg = cfg.get("mesh")
+  sp = int(mesh_cfg.get("sp", 1)) if mesh_cfg is not None else 1
+  if max(int(cfg.data.cp_size), sp) > 1:
+    try:
+      models.check_window(
+          model,
+          int(cfg.data.seq_len),
+          what="context-parallel reordering (data.cp_size or mesh.sp > 1)",
+          fix="Use data.cp_size=1 and mesh.sp=1, or data.seq_len <= window.",
+      )
+    except ValueError as e:
+      raise errors.UsageError(str(e)) from None
+
+
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   mesh = common.build_mesh(cfg.get("mesh"))
@@ -202,6 +219,7 @@ def _run(cfg, mesh) -> dict[str, Any]:
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
   model = common.build_model(cfg.model, seed=int(cfg.seed), mesh=mesh)
   vocab_size = common.model_vocab_size(model)
+  _check_cp_window(cfg, model)
   # The built-in task, or the user's files when `dataset` is set.
   task_data = sft_data_lib.build_sft_data(
       cfg,
