@@ -13,18 +13,13 @@ run's outputs (resolved recipe, `summary.json`, figures).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
-import math
 import pathlib
 import sys
-import time
-from typing import Any, Mapping, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 import omegaconf
 import optax
 import yaml
@@ -36,12 +31,22 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import models as models_lib
 from tunix_blockdiff import tasks as tasks_lib
 
+# pylint: disable=g-importing-member,unused-import
+from tunix_blockdiff.jobs.evaluation import GenerationEval
+from tunix_blockdiff.jobs.evaluation import evaluate_generation
+from tunix_blockdiff.jobs.outputs import _jsonable
+from tunix_blockdiff.jobs.outputs import plot_training_figure
+from tunix_blockdiff.jobs.outputs import prepare_output_dir
+from tunix_blockdiff.jobs.outputs import RECIPE_FILE
+from tunix_blockdiff.jobs.outputs import Stopwatch
+from tunix_blockdiff.jobs.outputs import SUMMARY_FILE
+from tunix_blockdiff.jobs.outputs import write_summary
+# pylint: enable=g-importing-member,unused-import
+
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"
-RECIPE_FILE = "recipe.yaml"
-SUMMARY_FILE = "summary.json"
 
 
-# Recipes and output directories.
+# Recipes.
 
 
 def recipe_path(name: str) -> pathlib.Path:
@@ -159,119 +164,6 @@ def to_dict(cfg: Any) -> Any:
   if isinstance(cfg, omegaconf.DictConfig | omegaconf.ListConfig):
     return omegaconf.OmegaConf.to_container(cfg, resolve=True)
   return cfg
-
-
-def prepare_output_dir(cfg: omegaconf.DictConfig) -> pathlib.Path:
-  """Creates `cfg.output_dir` and saves the resolved recipe in it."""
-  out = pathlib.Path(cfg.output_dir).expanduser().resolve()
-  out.mkdir(parents=True, exist_ok=True)
-  if distributed.is_main_process():
-    omegaconf.OmegaConf.save(cfg, out / RECIPE_FILE)
-  return out
-
-
-def _jsonable(value: Any) -> Any:
-  if isinstance(value, Mapping):
-    return {str(k): _jsonable(v) for k, v in value.items()}
-  if isinstance(value, (list, tuple)):
-    return [_jsonable(v) for v in value]
-  if isinstance(value, (np.generic, jax.Array, np.ndarray)):
-    value = np.asarray(value)
-    return value.item() if value.ndim == 0 else value.tolist()
-  if isinstance(value, float) and not math.isfinite(value):
-    return None
-  return value
-
-
-def write_summary(
-    out: pathlib.Path, summary: Mapping[str, Any]
-) -> pathlib.Path:
-  """Writes `summary.json` (NumPy/JAX scalars become numbers; process 0)."""
-  path = pathlib.Path(out) / SUMMARY_FILE
-  if not distributed.is_main_process():
-    return path
-  path.write_text(
-      json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n"
-  )
-  return path
-
-
-class Stopwatch:
-  """Wall-clock seconds since construction."""
-
-  def __init__(self):
-    self._start = time.perf_counter()
-
-  def __call__(self) -> float:
-    return time.perf_counter() - self._start
-
-
-# Figures.
-
-
-def plot_training_figure(
-    path: pathlib.Path,
-    *,
-    train_loss: Sequence[float],
-    eval_steps: Sequence[int] = (),
-    eval_loss: Sequence[float] = (),
-    sweep: Sequence[Mapping[str, float]] = (),
-    title: str = "",
-) -> pathlib.Path:
-  """Loss curves (left) and exact match vs tokens per step (right).
-
-  Args:
-    path: PNG file to write.
-    train_loss: Train loss per optimizer step (steps 1..n).
-    eval_steps: Steps at which eval loss was measured.
-    eval_loss: Eval loss at those steps.
-    sweep: Rows with `threshold`, `tokens_per_step`, `exact_match`.
-    title: Figure title.
-
-  Returns:
-    `path` (written by process 0 only).
-  """
-  if not distributed.is_main_process():
-    return pathlib.Path(path)
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig, (ax_loss, ax_sweep) = plt.subplots(1, 2, figsize=(11, 4))
-  steps = np.arange(1, len(train_loss) + 1)
-  ax_loss.plot(steps, train_loss, lw=1, label="train (token mean)")
-  if len(eval_steps):
-    ax_loss.plot(eval_steps, eval_loss, "o-", label="eval (token mean)")
-  ax_loss.set_xlabel("optimizer step")
-  ax_loss.set_ylabel("block-diffusion loss")
-  ax_loss.set_yscale("log")
-  ax_loss.legend()
-  ax_loss.grid(alpha=0.3)
-  if sweep:
-    tps = [row["tokens_per_step"] for row in sweep]
-    em = [row["exact_match"] for row in sweep]
-    ax_sweep.plot(tps, em, "o-")
-    for i, row in enumerate(sweep):
-      # Alternate label heights: neighbouring thresholds often overlap.
-      ax_sweep.annotate(
-          f"{row['threshold']:g}",
-          (row["tokens_per_step"], row["exact_match"]),
-          textcoords="offset points",
-          xytext=(3, 6 if i % 2 else -12),
-          fontsize=8,
-      )
-  ax_sweep.set_xlabel("committed tokens per model call")
-  ax_sweep.set_ylabel("exact match")
-  ax_sweep.set_ylim(-0.02, 1.02)
-  ax_sweep.set_title("threshold sweep (labels: threshold)", fontsize=9)
-  ax_sweep.grid(alpha=0.3)
-  if title:
-    fig.suptitle(title)
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-  return pathlib.Path(path)
 
 
 # What a recipe names: tokenizer, task data, model, LoRA, optimizer.
@@ -428,113 +320,6 @@ def diffusion_config_from(cfg) -> config_lib.BlockDiffusionConfig:
     return config_lib.BlockDiffusionConfig(**to_dict(cfg))
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"recipe section diffusion: {e}") from None
-
-
-# Generation evaluation.
-
-
-@dataclasses.dataclass(frozen=True)
-class GenerationEval:
-  """Exact match and parallelism of block-diffusion generation.
-
-  Attributes:
-    threshold: The denoising confidence threshold.
-    exact_match: Fraction of examples whose completion (text before EOS)
-      equals the answer.
-    tokens_per_step: Committed tokens (up to and including EOS) per model
-      call, summed over rows: a row takes part in every step until it
-      finishes, so its calls are its last commit step + 1.
-    completions: Decoded completions, in example order.
-    seconds: Wall time of the generation (including compilation).
-    tokens: int32 [N, T] generated tokens, in example order.
-    commit_step: int32 [N, T] step that committed each token (-1: never).
-    prompt_lengths: int32 [N] prompt lengths (position of the first slot).
-  """
-
-  threshold: float
-  exact_match: float
-  tokens_per_step: float
-  completions: tuple[str, ...]
-  seconds: float
-  tokens: np.ndarray | None = None
-  commit_step: np.ndarray | None = None
-  prompt_lengths: np.ndarray | None = None
-
-  def row(self) -> dict[str, float]:
-    return {
-        "threshold": self.threshold,
-        "exact_match": self.exact_match,
-        "tokens_per_step": self.tokens_per_step,
-    }
-
-
-def evaluate_generation(
-    model,
-    examples: Sequence[data_lib.Example],
-    pairs: Sequence[tuple[str, str]],
-    task: tasks_lib.Task,
-    tokenizer,
-    denoise_config: config_lib.DenoiseConfig,
-    *,
-    max_new_tokens: int,
-    batch_size: int,
-    use_cache: bool = True,
-    mesh: jax.sharding.Mesh | None = None,
-) -> GenerationEval:
-  """Generates every example's completion and scores it exactly.
-
-  Batches are padded to `batch_size` (repeating the last example) so one
-  compiled program serves all of them. Under a `mesh` (a multiple of
-  mesh.fsdp rows) the prompts are sharded over fsdp, each process placing
-  its own rows, and the results gathered: every process scores them all.
-  """
-  from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
-
-  clock = Stopwatch()
-  prompts, lengths = data_lib.left_padded_prompts(examples, tokenizer.pad_id())
-  num = len(examples)
-  completions, tokens_committed, calls = [], 0, 0
-  all_tokens, all_steps = [], []
-  for start in range(0, num, batch_size):
-    index = np.minimum(np.arange(start, start + batch_size), num - 1)
-    batch = {"prompts": prompts[index], "lengths": lengths[index]}
-    if mesh is not None:
-      lo, hi = distributed.process_rows(mesh, batch_size)
-      batch = distributed.global_batch(
-          {k: v[lo:hi] for k, v in batch.items()}, mesh, batch_size
-      )
-    result = cached.generate(
-        model,
-        batch["prompts"],
-        batch["lengths"],
-        denoise_config,
-        max_new_tokens=max_new_tokens,
-        use_cache=use_cache,
-    )
-    tokens = distributed.gather(result.tokens)
-    commit_step = distributed.gather(result.commit_step)
-    trace_step = distributed.gather(result.trace_commit_step)
-    real = min(batch_size, num - start)
-    all_tokens.append(tokens[:real])
-    all_steps.append(commit_step[:real])
-    for b in range(real):
-      completions.append(tokenizer.decode(tokens[b]))
-      tokens_committed += int(np.sum(commit_step[b] >= 0))
-      calls += int(trace_step[b].max(initial=-1)) + 1
-  correct = [
-      task.check(prompt, completion, answer)
-      for (prompt, answer), completion in zip(pairs, completions)
-  ]
-  return GenerationEval(
-      threshold=float(denoise_config.threshold),
-      exact_match=float(np.mean(correct)),
-      tokens_per_step=tokens_committed / max(calls, 1),
-      completions=tuple(completions),
-      seconds=clock(),
-      tokens=np.concatenate(all_tokens),
-      commit_step=np.concatenate(all_steps),
-      prompt_lengths=lengths,
-  )
 
 
 __all__ = [

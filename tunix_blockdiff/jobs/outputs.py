@@ -1,0 +1,146 @@
+"""Run outputs of the `tunix-blockdiff` jobs: output dir, summary, figures.
+
+`prepare_output_dir` saves the resolved recipe, `write_summary` writes
+`summary.json` and `plot_training_figure` the training figure. Re-exported
+by `tunix_blockdiff.jobs.common`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+import omegaconf
+
+from tunix_blockdiff import distributed
+
+RECIPE_FILE = "recipe.yaml"
+SUMMARY_FILE = "summary.json"
+
+
+def prepare_output_dir(cfg: omegaconf.DictConfig) -> pathlib.Path:
+  """Creates `cfg.output_dir` and saves the resolved recipe in it."""
+  out = pathlib.Path(cfg.output_dir).expanduser().resolve()
+  out.mkdir(parents=True, exist_ok=True)
+  if distributed.is_main_process():
+    omegaconf.OmegaConf.save(cfg, out / RECIPE_FILE)
+  return out
+
+
+def _jsonable(value: Any) -> Any:
+  if isinstance(value, Mapping):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  if isinstance(value, (np.generic, jax.Array, np.ndarray)):
+    value = np.asarray(value)
+    return value.item() if value.ndim == 0 else value.tolist()
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  return value
+
+
+def write_summary(
+    out: pathlib.Path, summary: Mapping[str, Any]
+) -> pathlib.Path:
+  """Writes `summary.json` (NumPy/JAX scalars become numbers; process 0)."""
+  path = pathlib.Path(out) / SUMMARY_FILE
+  if not distributed.is_main_process():
+    return path
+  path.write_text(
+      json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n"
+  )
+  return path
+
+
+class Stopwatch:
+  """Wall-clock seconds since construction."""
+
+  def __init__(self):
+    self._start = time.perf_counter()
+
+  def __call__(self) -> float:
+    return time.perf_counter() - self._start
+
+
+# Figures.
+
+
+def plot_training_figure(
+    path: pathlib.Path,
+    *,
+    train_loss: Sequence[float],
+    eval_steps: Sequence[int] = (),
+    eval_loss: Sequence[float] = (),
+    sweep: Sequence[Mapping[str, float]] = (),
+    title: str = "",
+) -> pathlib.Path:
+  """Loss curves (left) and exact match vs tokens per step (right).
+
+  Args:
+    path: PNG file to write.
+    train_loss: Train loss per optimizer step (steps 1..n).
+    eval_steps: Steps at which eval loss was measured.
+    eval_loss: Eval loss at those steps.
+    sweep: Rows with `threshold`, `tokens_per_step`, `exact_match`.
+    title: Figure title.
+
+  Returns:
+    `path` (written by process 0 only).
+  """
+  if not distributed.is_main_process():
+    return pathlib.Path(path)
+  import matplotlib  # pylint: disable=g-import-not-at-top
+
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
+
+  fig, (ax_loss, ax_sweep) = plt.subplots(1, 2, figsize=(11, 4))
+  steps = np.arange(1, len(train_loss) + 1)
+  ax_loss.plot(steps, train_loss, lw=1, label="train (token mean)")
+  if len(eval_steps):
+    ax_loss.plot(eval_steps, eval_loss, "o-", label="eval (token mean)")
+  ax_loss.set_xlabel("optimizer step")
+  ax_loss.set_ylabel("block-diffusion loss")
+  ax_loss.set_yscale("log")
+  ax_loss.legend()
+  ax_loss.grid(alpha=0.3)
+  if sweep:
+    tps = [row["tokens_per_step"] for row in sweep]
+    em = [row["exact_match"] for row in sweep]
+    ax_sweep.plot(tps, em, "o-")
+    for i, row in enumerate(sweep):
+      # Alternate label heights: neighbouring thresholds often overlap.
+      ax_sweep.annotate(
+          f"{row['threshold']:g}",
+          (row["tokens_per_step"], row["exact_match"]),
+          textcoords="offset points",
+          xytext=(3, 6 if i % 2 else -12),
+          fontsize=8,
+      )
+  ax_sweep.set_xlabel("committed tokens per model call")
+  ax_sweep.set_ylabel("exact match")
+  ax_sweep.set_ylim(-0.02, 1.02)
+  ax_sweep.set_title("threshold sweep (labels: threshold)", fontsize=9)
+  ax_sweep.grid(alpha=0.3)
+  if title:
+    fig.suptitle(title)
+  fig.tight_layout()
+  fig.savefig(path, dpi=110)
+  plt.close(fig)
+  return pathlib.Path(path)
+
+
+__all__ = [
+    "RECIPE_FILE",
+    "SUMMARY_FILE",
+    "Stopwatch",
+    "plot_training_figure",
+    "prepare_output_dir",
+    "write_summary",
+]
