@@ -21,6 +21,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout
 from tunix.sft import checkpoint_manager as checkpoint_lib
 
+from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.rollout import engine as engine_lib
@@ -84,7 +85,7 @@ def load_policy(init_cfg, out: pathlib.Path):
 def single_device_mesh() -> jax.sharding.Mesh:
   """A 1x1 (`fsdp`, `tp`) mesh on the first device (Auto axes)."""
   if jax.process_count() > 1:
-    raise NotImplementedError(
+    raise errors.UsageError(
         "the rl and opd jobs run in one process (their rollouts and trainers"
         f" use one device); got {jax.process_count()} processes. Train the"
         " SFT warm start with `tunix-blockdiff launch ... -- sft` and run rl"
