@@ -21,6 +21,7 @@ from tunix_blockdiff import tiny_models
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
+from tunix_blockdiff.rl import learners
 from tunix_blockdiff.rl import likelihood
 from tunix_blockdiff.rl import trainer as trainer_lib
 from tunix_blockdiff.rollout import cached
@@ -298,7 +299,7 @@ def test_two_grpo_steps_inside_a_real_rlcluster():
     calls.append(len(completions))
     return [float(len(c)) for c in completions]
 
-  learner = grpo.BlockDiffusionGRPOLearner(
+  learner = learners.BlockDiffusionGRPOLearner(
       cluster,
       grpo.BlockDiffusionGRPOConfig(
           num_generations=2, num_iterations=2, beta=0.04

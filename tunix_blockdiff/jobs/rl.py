@@ -38,6 +38,7 @@ from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
+from tunix_blockdiff.rl import learners
 
 FIGURE_FILE = "rl.png"
 Role = rl_cluster_lib.Role
@@ -150,7 +151,7 @@ def run(cfg) -> dict[str, Any]:
           rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
       ),
   )
-  learner = grpo.BlockDiffusionGRPOLearner(
+  learner = learners.BlockDiffusionGRPOLearner(
       cluster,
       grpo.BlockDiffusionGRPOConfig(
           num_generations=int(grpo_cfg.num_generations),

@@ -50,6 +50,7 @@ from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import divergence as divergence_lib
 from tunix_blockdiff.rl import grpo
+from tunix_blockdiff.rl import learners
 from tunix_blockdiff.rl import opd_loss
 from tunix_blockdiff.rl import scoring
 
@@ -177,7 +178,7 @@ def _no_reward(prompts, completions, **unused_kwargs) -> list[float]:
   return [0.0] * len(prompts)
 
 
-class BlockDiffusionOPDLearner(grpo.TraceLearnerMixin, rl_learner.RLLearner):
+class BlockDiffusionOPDLearner(learners.TraceLearnerMixin, rl_learner.RLLearner):
   """On-policy distillation inside Tunix's RL loop.
 
   Each step: the student (the cluster's actor, via `BlockDiffusionRollout`)
