@@ -186,7 +186,7 @@ def ar_cluster(cfg, model, tokenizer, out) -> "CountingRLCluster":
   """
   grpo_cfg = cfg.grpo
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
-  mesh = rl_common.single_device_mesh()
+  mesh = rl_common.rl_mesh(None)
   steps, per_step = int(grpo_cfg.steps), int(grpo_cfg.prompts_per_step)
   configs = rl_common.rollout_configs(
       cfg,
@@ -227,7 +227,7 @@ def ar_grpo(cfg, model, tokenizer, prompts: rl_data.PromptSet, reward_fn, out):
   grpo_cfg = cfg.grpo
   per_step = int(grpo_cfg.prompts_per_step)
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
-  mesh = rl_common.single_device_mesh()
+  mesh = rl_common.rl_mesh(None)
   train_rewards: list[float] = []
 
   def tracked_reward(prompts, completions, **kwargs):

@@ -302,8 +302,91 @@ class GlobalBatches:
 def gather(x: Any) -> np.ndarray:
   """A (possibly global) array as NumPy, the whole array on every process."""
   if isinstance(x, jax.Array) and not x.is_fully_addressable:
+    if x.is_fully_replicated:
+      return np.asarray(x.addressable_data(0))
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return np.asarray(x)
+
+
+# Row-sharded calls: every process holds the same host batch.
+
+
+def shards_rows(mesh: jax.sharding.Mesh | None) -> bool:
+  """Whether `call_sharded` places rows over the mesh (more than one device)."""
+  return mesh is not None and mesh.devices.size > 1
+
+
+def call_sharded(fn, mesh: jax.sharding.Mesh | None, *arrays):
+  """`fn(*arrays)` with the rows of `arrays` sharded over the mesh's fsdp axis.
+
+  For jobs in which every process holds the same host batch (the rl and opd
+  rollouts and scores): the B rows are padded to a multiple of mesh.fsdp with
+  copies of the last row, each process places only the rows its devices hold
+  (`global_batch`), and every output is gathered back, so every process gets
+  the same NumPy results. Without a mesh (or on one device) this is
+  `fn(*arrays)`.
+
+  Args:
+    fn: A function of B-row arrays (e.g. a jitted program closing over a
+      model on `mesh`) returning a pytree of arrays.
+    mesh: The global mesh or None.
+    *arrays: Host arrays [B, ...] (the same on every process).
+
+  Returns:
+    `fn`'s outputs; with a mesh, as NumPy, arrays of leading size B cut back
+    to B rows (outputs of other shapes, e.g. scalars, gathered whole).
+  """
+  if not shards_rows(mesh):
+    return fn(*arrays)
+  arrays = [np.asarray(a) for a in arrays]
+  num = arrays[0].shape[0]
+  if num == 0 or any(a.ndim == 0 or a.shape[0] != num for a in arrays):
+    raise ValueError(
+        "call_sharded needs arrays with the same number of rows >= 1, got"
+        f" shapes {[a.shape for a in arrays]}"
+    )
+  fsdp = int(mesh.shape[BATCH_AXIS])
+  size = -(-num // fsdp) * fsdp
+  index = np.minimum(np.arange(size), num - 1)
+  lo, hi = process_rows(mesh, size)
+  placed = global_batch(
+      {str(i): a[index[lo:hi]] for i, a in enumerate(arrays)}, mesh, size
+  )
+  out = fn(*(placed[str(i)] for i in range(len(arrays))))
+
+  def cut(x):
+    x = gather(x)
+    return x[:num] if x.ndim and x.shape[0] == size else x
+
+  return jax.tree.map(cut, out)
+
+
+def globalize(tree: Any, mesh: jax.sharding.Mesh | None, axis: str = "fsdp"):
+  """Host-batch leaves as global arrays, rows over `axis` where they divide.
+
+  The inverse of `gather` for a tree every process holds whole (e.g. an RL
+  training example): leaf x becomes the global array of value x, sharded on
+  its leading dimension over `axis` when that divides it, else replicated.
+  Leaves already spanning processes, and non-array leaves, are kept.
+  """
+  if mesh is None:
+    return tree
+  size = int(mesh.shape[axis])
+  sharded = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(axis))
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+  def place(x):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return x
+    if not isinstance(x, (np.ndarray, jax.Array)):
+      return x
+    x = np.asarray(x)
+    rows_divide = x.ndim >= 1 and x.shape[0] % size == 0
+    return jax.make_array_from_process_local_data(
+        sharded if rows_divide else replicated, x, x.shape
+    )
+
+  return jax.tree.map(place, tree)
 
 
 def local_device_flags(num_devices: int) -> str:
@@ -323,12 +406,15 @@ __all__ = [
     "MESH_AXES",
     "batch_sharding",
     "build_mesh",
+    "call_sharded",
     "check_cp_size",
     "gather",
     "global_batch",
+    "globalize",
     "initialize",
     "is_main_process",
     "local_device_flags",
     "mesh_shape",
     "process_rows",
+    "shards_rows",
 ]

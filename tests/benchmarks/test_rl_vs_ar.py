@@ -110,7 +110,7 @@ def test_ar_warm_start_grpo_and_report(bench, tmp_path):
   assert kept in history and kept[1] == max(em for _, em in history)
   # TRAIN rollouts sample (Tunix's Sampler is greedy unless top_p is set).
   cluster = bench._ar_grpo.ar_cluster(cfg, model, tokenizer, tmp_path / "c")
-  with rl_common.single_device_mesh():
+  with rl_common.rl_mesh(None):
     texts = cluster.generate(["rev 12>"] * 8, mode=Mode.TRAIN).text
   assert len(set(texts)) > 1
   row = bench._ar_grpo.ar_grpo(

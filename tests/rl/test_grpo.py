@@ -266,7 +266,7 @@ def test_two_grpo_steps_inside_a_real_rlcluster():
   tokenizer = tasks.CharTokenizer()
   policy = tiny_models.tiny_qwen3(tokenizer.vocab_size, seed=0, num_layers=1)
   before = jax.tree.map(np.array, nnx.state(policy, nnx.Param))
-  mesh = rl_common.single_device_mesh()
+  mesh = rl_common.rl_mesh(None)
   rollout_config = base_rollout.RolloutConfig(
       max_tokens_to_generate=4,
       max_prompt_length=10,

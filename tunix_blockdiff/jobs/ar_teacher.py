@@ -8,11 +8,13 @@ from the same batches.
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import optax
 from tunix.generate import sampler as sampler_lib
 from tunix.sft import peft_trainer
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff import tiny_models
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_data
@@ -60,9 +62,21 @@ def causal_lm_batches(
 
 
 def train_ar_teacher(
-    teacher_cfg, tokenizer, vocab_size: int, pairs, *, seq_len: int, seed: int
+    teacher_cfg,
+    tokenizer,
+    vocab_size: int,
+    pairs,
+    *,
+    seq_len: int,
+    seed: int,
+    mesh: jax.sharding.Mesh | None = None,
 ):
-  """A Tunix Qwen3 trained causally (next-token loss) with `PeftTrainer`."""
+  """A Tunix Qwen3 trained causally (next-token loss) with `PeftTrainer`.
+
+  On a `mesh` of several devices the model is sharded by its partition specs
+  and trained data-parallel: each process places only its rows of every
+  batch (the global batches equal one process's).
+  """
   model = tiny_models.tiny_qwen3(
       vocab_size,
       seed=seed,
@@ -73,6 +87,8 @@ def train_ar_teacher(
       head_dim=int(teacher_cfg.head_dim),
       num_kv_heads=int(teacher_cfg.num_kv_heads),
   )
+  if distributed.shards_rows(mesh):
+    model = common.shard_model(model, mesh)
   steps = int(teacher_cfg.steps)
   schedule = optax.warmup_cosine_decay_schedule(
       0.0,
@@ -92,15 +108,20 @@ def train_ar_teacher(
           pbar_description="AR teacher",
       ),
   )
-  trainer.train(
-      causal_lm_batches(
-          pairs,
-          tokenizer,
-          seq_len=seq_len,
-          batch_size=int(teacher_cfg.batch_size),
-          seed=seed,
-      )
+  batch_size = int(teacher_cfg.batch_size)
+  batches = causal_lm_batches(
+      pairs, tokenizer, seq_len=seq_len, batch_size=batch_size, seed=seed
   )
+  if distributed.shards_rows(mesh):
+    lo, hi = distributed.process_rows(mesh, batch_size)
+    batches = (
+        distributed.global_batch(
+            {k: v[lo:hi] for k, v in batch.items()}, mesh, batch_size
+        )
+        for batch in batches
+    )
+  with common.mesh_scope(mesh):
+    trainer.train(batches)
   logger = trainer.metrics_logger
   losses = (
       np.asarray(

@@ -20,6 +20,7 @@ from typing import Any, NamedTuple, Sequence
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 import omegaconf
 import optax
 import yaml
@@ -246,12 +247,52 @@ def mesh_scope(mesh: jax.sharding.Mesh | None):
   return contextlib.nullcontext() if mesh is None else mesh
 
 
+def check_model_fits_mesh(model, mesh: jax.sharding.Mesh) -> None:
+  """Every parameter dimension divides over the mesh axes it is sharded on.
+
+  Tunix's partition specs shard heads, KV heads, the vocabulary and the MLP
+  width over `tp` and the model width over `fsdp`; a size that does not
+  divide fails here, naming the parameter, instead of inside XLA.
+
+  Raises:
+    ValueError: A parameter dimension is not a multiple of its mesh axes.
+  """
+  state = nnx.state(model)
+  specs = nnx.get_partition_spec(state)
+  leaves = jax.tree_util.tree_leaves_with_path(state)
+  spec_leaves = jax.tree_util.tree_leaves(
+      specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
+  )
+  for (path, value), spec in zip(leaves, spec_leaves):
+    if not isinstance(spec, jax.sharding.PartitionSpec):
+      continue
+    for dim, axes in enumerate(spec):
+      names = axes if isinstance(axes, tuple) else (axes,)
+      names = [n for n in names if n is not None and n in mesh.shape]
+      size = int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
+      if size > 1 and value.shape[dim] % size:
+        axes_text = " * ".join(f"mesh.{n}={mesh.shape[n]}" for n in names)
+        raise ValueError(
+            f"parameter {jax.tree_util.keystr(path)} of shape"
+            f" {tuple(value.shape)} is sharded over {axes_text} on dimension"
+            f" {dim} (size {value.shape[dim]}), which is not a multiple of"
+            f" {size}: pick mesh sizes that divide the model's heads, KV"
+            " heads, widths and vocabulary"
+        )
+
+
 def shard_model(model, mesh: jax.sharding.Mesh | None):
-  """Places the parameters by the model's own partition specs (Tunix rules)."""
+  """Places the parameters by the model's own partition specs (Tunix rules).
+
+  Raises:
+    ValueError: A parameter does not divide over its mesh axes
+      (`check_model_fits_mesh`).
+  """
   if mesh is None:
     return model
   from tunix.rl import reshard  # pylint: disable=g-import-not-at-top
 
+  check_model_fits_mesh(model, mesh)
   return reshard.reshard_model_to_mesh(model, mesh)
 
 
@@ -338,6 +379,7 @@ __all__ = [
     "load_recipe",
     "make_optimizer",
     "mesh_scope",
+    "check_model_fits_mesh",
     "shard_model",
     "plot_training_figure",
     "prepare_output_dir",

@@ -31,6 +31,7 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import metrics_logger as metrics_lib
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_common
@@ -42,6 +43,7 @@ from tunix_blockdiff.rl import scoring
 from tunix_blockdiff.rollout import engine as engine_lib
 
 FIGURE_FILE = "opd.png"
+NUM_SAMPLES = 8
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
 
@@ -54,7 +56,13 @@ Mode = rl_cluster_lib.Mode
 def evaluate_student(
     cluster, teacher, rows, reward_fn, algo_config, batch_size: int
 ):
-  """(greedy exact match, mean divergence to the teacher on sampled rollouts)."""
+  """Greedy exact match and completions; divergence to the teacher.
+
+  Returns:
+    (exact match, `{"prompt", "completion"}` per greedy rollout, mean
+    divergence to the teacher on sampled rollouts).
+  """
+  completions = []
   exact = rl_common.evaluate_rewards(
       cluster,
       rows,
@@ -62,6 +70,7 @@ def evaluate_student(
       samples=1,
       mode=Mode.EVAL,
       batch_size=batch_size,
+      completions=completions,
   )
   config = cluster.rollout.score_config
   totals = []
@@ -93,11 +102,13 @@ def evaluate_student(
     )
     totals.append((mean * scored.sum(), scored.sum()))
   divergence = sum(t for t, _ in totals) / max(sum(n for _, n in totals), 1)
-  return exact, float(divergence)
+  return exact, completions, float(divergence)
 
 
 def plot_opd(path, divergences, start, end, title):
   """Training divergence per optimizer step; held-out before/after."""
+  if not distributed.is_main_process():  # Process 0 writes figures.
+    return pathlib.Path(path)
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
@@ -138,7 +149,10 @@ def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
-  student, sft_cfg, sft_summary = rl_common.load_policy(cfg.student, out)
+  mesh = rl_common.rl_mesh(cfg.get("mesh"))
+  student, sft_cfg, sft_summary = rl_common.load_policy(
+      cfg.student, out, mesh, cfg.get("mesh")
+  )
   tokenizer = common.build_tokenizer(sft_cfg.tokenizer, sft_cfg.model)
   vocab_size = opd.model_vocab_size(student)
   opd_cfg = cfg.opd
@@ -166,6 +180,7 @@ def run(cfg) -> dict[str, Any]:
       teacher_pairs,
       seq_len=int(sft_cfg.data.seq_len),
       seed=int(cfg.seed) + 7,
+      mesh=mesh,
   )
   teacher_seconds = teacher_clock()
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
@@ -178,7 +193,6 @@ def run(cfg) -> dict[str, Any]:
       max_prompt_length=int(cfg.rollout.max_prompt_length),
   )
 
-  mesh = rl_common.single_device_mesh()
   cluster = cluster_lib.BlockDiffusionRLCluster(
       actor=student,
       tokenizer=tokenizer,
@@ -217,10 +231,14 @@ def run(cfg) -> dict[str, Any]:
 
   def evaluate():
     with mesh:
-      exact, divergence = evaluate_student(
+      exact, completions, divergence = evaluate_student(
           cluster, teacher, held_out, reward_fn, algo_config, batch_size
       )
-    return {"exact_match": exact, "divergence": divergence}
+    return {
+        "exact_match": exact,
+        "completions": completions,
+        "divergence": divergence,
+    }
 
   start = evaluate()
   opd_clock = common.Stopwatch()
@@ -244,6 +262,8 @@ def run(cfg) -> dict[str, Any]:
       "student_exact_match_end": end["exact_match"],
       "divergence_start": start["divergence"],
       "divergence_end": end["divergence"],
+      # Greedy held-out completions after training (the first 8).
+      "greedy_samples_end": end["completions"][:NUM_SAMPLES],
       "divergence": algo_config.divergence,
       "estimator": algo_config.estimator,
       "teacher_exact_match": teacher_em,

@@ -32,6 +32,7 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.sft import metrics_logger as metrics_lib
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
@@ -41,6 +42,7 @@ from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import learners
 
 FIGURE_FILE = "rl.png"
+NUM_SAMPLES = 8
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
 
@@ -52,6 +54,8 @@ def plot_reward_curve(
     title: str,
 ) -> pathlib.Path:
   """Mean training reward per GRPO step (and a moving average), eval ends."""
+  if not distributed.is_main_process():  # Process 0 writes figures.
+    return pathlib.Path(path)
   import matplotlib  # pylint: disable=g-import-not-at-top
 
   matplotlib.use("Agg")
@@ -94,7 +98,10 @@ def run(cfg) -> dict[str, Any]:
   out = common.prepare_output_dir(cfg)
   if cfg.get("reward"):  # A bad spec fails before the warm start.
     rl_reward.load_reward_fn(str(cfg.reward), columns=None)
-  policy, sft_cfg, sft_summary = rl_common.load_policy(cfg.init, out)
+  mesh = rl_common.rl_mesh(cfg.get("mesh"))
+  policy, sft_cfg, sft_summary = rl_common.load_policy(
+      cfg.init, out, mesh, cfg.get("mesh")
+  )
   warm_start_seconds = clock()
   tokenizer = common.build_tokenizer(sft_cfg.tokenizer, sft_cfg.model)
   grpo_cfg = cfg.grpo
@@ -120,7 +127,6 @@ def run(cfg) -> dict[str, Any]:
       train_rewards.extend(np.asarray(rewards, np.float64).tolist())
     return rewards
 
-  mesh = rl_common.single_device_mesh()
   micro = int(grpo_cfg.micro_batch_prompts)
   training_config = rl_cluster_lib.RLTrainingConfig(
       actor_optimizer=rl_common.make_rl_optimizer(grpo_cfg),
@@ -167,6 +173,7 @@ def run(cfg) -> dict[str, Any]:
   samples = int(cfg.eval.samples_per_prompt)
 
   def evaluate():
+    greedy = []
     with mesh:
       return {
           "sampled": rl_common.evaluate_rewards(
@@ -184,7 +191,9 @@ def run(cfg) -> dict[str, Any]:
               samples=1,
               mode=Mode.EVAL,
               batch_size=eval_batch,
+              completions=greedy,
           ),
+          "completions": greedy,
       }
 
   start = evaluate()
@@ -211,6 +220,8 @@ def run(cfg) -> dict[str, Any]:
       "train_reward_first_steps": float(np.mean(batch_rewards[:window])),
       "train_reward_last_steps": float(np.mean(batch_rewards[-window:])),
       "train_step_rewards": batch_rewards,
+      # Greedy held-out completions after training (the first 8).
+      "greedy_samples_end": end["completions"][:NUM_SAMPLES],
       # Groups whose rollouts' rewards differ: the others give no gradient.
       "train_groups_with_signal": rl_common.groups_with_signal(
           train_rewards, int(grpo_cfg.num_generations)

@@ -13,7 +13,6 @@ import pathlib
 from typing import Sequence
 
 import jax
-from jax.sharding import AxisType
 import numpy as np
 import omegaconf
 import optax
@@ -21,6 +20,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout
 from tunix.sft import checkpoint_manager as checkpoint_lib
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_data
@@ -29,12 +29,16 @@ from tunix_blockdiff.rollout import engine as engine_lib
 Mode = rl_cluster_lib.Mode
 
 
-def load_sft_policy(directory: str | pathlib.Path):
+def load_sft_policy(
+    directory: str | pathlib.Path, mesh: jax.sharding.Mesh | None = None
+):
   """(model, SFT recipe) restored from an SFT job's `output_dir`.
 
   The model is rebuilt from the saved recipe and its parameters (or LoRA
   parameters, on top of the seed-determined base) restored from the latest
-  Orbax checkpoint in `checkpoints/`.
+  Orbax checkpoint in `checkpoints/`. Under a `mesh` the parameters are
+  placed by the model's partition specs first, so every process restores
+  its own shards.
   """
   directory = pathlib.Path(directory).expanduser()
   recipe_file = directory / common.RECIPE_FILE
@@ -43,11 +47,12 @@ def load_sft_policy(directory: str | pathlib.Path):
         f"{recipe_file} not found: init.checkpoint must be an SFT output_dir"
     )
   sft_cfg = omegaconf.OmegaConf.load(recipe_file)
-  model = common.build_model(sft_cfg.model, seed=int(sft_cfg.seed))
+  model = common.build_model(sft_cfg.model, seed=int(sft_cfg.seed), mesh=mesh)
   model = common.apply_lora(model, sft_cfg.lora, seed=int(sft_cfg.seed))
+  model = common.shard_model(model, mesh)
   manager = checkpoint_lib.CheckpointManager(str(directory / "checkpoints"))
   step, _ = manager.maybe_restore(
-      model, restore_only_lora_params=sft_cfg.lora is not None
+      model, restore_only_lora_params=common.lora_enabled(sft_cfg.lora)
   )
   manager.close()
   if step == 0:
@@ -55,12 +60,23 @@ def load_sft_policy(directory: str | pathlib.Path):
   return model, sft_cfg
 
 
-def sft_warm_start(init_cfg, out: pathlib.Path) -> tuple[pathlib.Path, dict]:
-  """Runs the SFT job (its Python API) into `out/<name>`; returns (dir, summary)."""
+def sft_warm_start(
+    init_cfg, out: pathlib.Path, mesh_cfg=None
+) -> tuple[pathlib.Path, dict]:
+  """Runs the SFT job (its Python API) into `out/<name>`; returns (dir, summary).
+
+  A `mesh_cfg` ({fsdp, sp, tp}) is passed on to the SFT recipe (the warm
+  start then trains on the job's mesh).
+  """
   from tunix_blockdiff.jobs import sft as sft_job  # pylint: disable=g-import-not-at-top
 
   directory = out / str(init_cfg.get("output_subdir", "sft"))
   overrides = [str(o) for o in init_cfg.sft_overrides or []]
+  if mesh_cfg is not None:
+    overrides += [
+        f"mesh.{axis}={size}"
+        for axis, size in distributed.mesh_shape(common.to_dict(mesh_cfg)).items()
+    ]
   sft_cfg = common.load_recipe(
       [str(init_cfg.sft_recipe), *overrides, f"output_dir={directory}"]
   )
@@ -68,35 +84,54 @@ def sft_warm_start(init_cfg, out: pathlib.Path) -> tuple[pathlib.Path, dict]:
   return directory, summary
 
 
-def load_policy(init_cfg, out: pathlib.Path):
+def load_policy(
+    init_cfg,
+    out: pathlib.Path,
+    mesh: jax.sharding.Mesh | None = None,
+    mesh_cfg=None,
+):
   """(model, SFT recipe, SFT summary or None) for an `init` recipe section.
 
   `init.checkpoint` names an SFT output_dir; when null, the SFT job runs
-  `init.sft_recipe` with `init.sft_overrides` into `out/init.output_subdir`.
+  `init.sft_recipe` with `init.sft_overrides` (and the job's `mesh_cfg`)
+  into `out/init.output_subdir`. The policy is placed on `mesh`.
   """
   if init_cfg.checkpoint:
-    model, sft_cfg = load_sft_policy(init_cfg.checkpoint)
+    model, sft_cfg = load_sft_policy(init_cfg.checkpoint, mesh)
     return model, sft_cfg, None
-  directory, summary = sft_warm_start(init_cfg, out)
-  model, sft_cfg = load_sft_policy(directory)
+  directory, summary = sft_warm_start(init_cfg, out, mesh_cfg)
+  model, sft_cfg = load_sft_policy(directory, mesh)
   return model, sft_cfg, summary
 
 
-def single_device_mesh() -> jax.sharding.Mesh:
-  """A 1x1 (`fsdp`, `tp`) mesh on the first device (Auto axes)."""
-  if jax.process_count() > 1:
-    raise errors.UsageError(
-        "the rl and opd jobs run in one process (their rollouts and trainers"
-        f" use one device); got {jax.process_count()} processes. Train the"
-        " SFT warm start with `tunix-blockdiff launch ... -- sft` and run rl"
-        " or opd on its output_dir in one process."
-    )
-  return jax.make_mesh(
-      (1, 1),
-      ("fsdp", "tp"),
-      axis_types=(AxisType.Auto, AxisType.Auto),
-      devices=jax.devices()[:1],
-  )
+def rl_mesh(mesh_cfg) -> jax.sharding.Mesh:
+  """The mesh of the rl and opd jobs, over every process's devices.
+
+  Rollouts, scores and teacher logits shard their rows over `fsdp` (results
+  gathered on every process); parameters follow the model's partition specs
+  (`fsdp`, `tp`). Context parallelism (`sp`) is for SFT only.
+
+  Args:
+    mesh_cfg: The recipe's `mesh` ({fsdp, tp}) or None: one device with one
+      process, `fsdp` over every device with several.
+
+  Raises:
+    errors.UsageError: `mesh.sp` > 1, or a mesh the devices do not fit.
+  """
+  try:
+    shape = distributed.mesh_shape(common.to_dict(mesh_cfg or {}))
+    if shape["sp"] > 1:
+      raise ValueError(
+          f"mesh.sp={shape['sp']}: the rl and opd rollouts shard prompts over"
+          " mesh.fsdp and parameters over mesh.fsdp/mesh.tp; context"
+          " parallelism (sp) is for sft only"
+      )
+    mesh = common.build_mesh(mesh_cfg)
+  except ValueError as e:
+    raise errors.UsageError(str(e)) from e
+  if mesh is None:  # One process, no mesh asked for: one device.
+    mesh = distributed.build_mesh({})
+  return mesh
 
 
 def rollout_configs(cfg, max_new_tokens: int, **extra) -> dict:
@@ -157,11 +192,13 @@ def evaluate_rewards(
     samples: int,
     mode: Mode,
     batch_size: int,
+    completions: list[dict[str, str]] | None = None,
 ) -> float:
   """Mean reward of `samples` rollouts per held-out row in `mode`.
 
   The reward function is called as Tunix calls it (every row column as a
-  keyword, `mode="eval"`). The last batch may be partial.
+  keyword, `mode="eval"`). The last batch may be partial. When given,
+  `completions` receives a `{"prompt", "completion"}` dict per rollout.
   """
   rewards = []
   repeated = [row for row in rows for _ in range(samples)]
@@ -170,6 +207,10 @@ def evaluate_rewards(
     batch = next(rl_data.prompt_batches(chunk, len(chunk)))
     prompts = list(batch.pop("prompts"))
     output = cluster.generate(prompts, mode=mode)
+    if completions is not None:
+      completions.extend(
+          {"prompt": p, "completion": c} for p, c in zip(prompts, output.text)
+      )
     rewards.extend(
         np.asarray(
             reward_fn(
@@ -254,6 +295,6 @@ __all__ = [
     "load_sft_policy",
     "make_rl_optimizer",
     "rollout_configs",
+    "rl_mesh",
     "sft_warm_start",
-    "single_device_mesh",
 ]

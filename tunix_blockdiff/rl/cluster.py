@@ -25,7 +25,6 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 
-from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rl import trainer as rl_trainer_lib
 from tunix_blockdiff.rollout import engine as engine_lib
 
@@ -107,6 +106,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       commit_step,
       micro_batch_size,
       likelihood,
+      role,
   ):
     if commit_step is None:
       raise ValueError(
@@ -117,25 +117,21 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
     batch_size = prompt_tokens.shape[0]
     if batch_size == 0:
       raise ValueError("cannot score an empty batch")
-    prompt_mask = engine_lib.prompt_mask_from_tokens(
-        prompt_tokens, self.rollout.pad_id()
-    )
     completion_tokens = np.asarray(completion_tokens)
     commit_step = np.asarray(commit_step)
-    config = self.rollout.score_config
     outs = []
     for rows in rl_utils.chunk_slices_by_size(
         stop=batch_size, step=micro_batch_size or batch_size
     ):
+      # Rows sharded over the rollout mesh's fsdp axis, results gathered.
       outs.append(
-          likelihood_lib.score_trajectories_jit(
+          self.rollout.score(
               model,
               prompt_tokens[rows],
-              prompt_mask[rows],
               completion_tokens[rows],
               commit_step[rows],
-              config,
               likelihood=likelihood,
+              mesh=self.r2m[role],
           )
       )
     return jnp.concatenate(outs, axis=0)
@@ -175,6 +171,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
           commit_step,
           micro_batch_size,
           likelihood,
+          Role.REFERENCE,
       )
       self._maybe_offload_model_to_cpu(model, Role.REFERENCE)
       return out
@@ -207,6 +204,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
           commit_step,
           micro_batch_size,
           likelihood,
+          Role.ROLLOUT,
       )
       self._maybe_offload_model_to_cpu(model, Role.ROLLOUT)
       return out

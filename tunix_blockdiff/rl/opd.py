@@ -42,8 +42,10 @@ import numpy as np
 from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import rl_learner
+from tunix.rl import utils as rl_utils
 
 from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import distributed
 from tunix_blockdiff import modeling
 from tunix_blockdiff import models
 from tunix_blockdiff.attention import masks
@@ -153,7 +155,19 @@ def teacher_logits(
 
     entry = (graphdef, jax.jit(run))
     per_model[key] = entry
-  return entry[1](state, student_batch.model_inputs, student_batch.loss_weights)
+  names = sorted(student_batch.model_inputs)
+
+  def call(*arrays):
+    return entry[1](state, dict(zip(names, arrays)), arrays[-1])
+
+  # A teacher sharded over a mesh (the job's global mesh) scores rows
+  # sharded over its fsdp axis; every process gets all the logits.
+  return distributed.call_sharded(
+      call,
+      rl_utils.get_pytree_mesh_info(state),
+      *(student_batch.model_inputs[k] for k in names),
+      student_batch.loss_weights,
+  )
 
 
 def through_first_eos(commit_step, tokens, eos_id: int) -> np.ndarray:

@@ -18,11 +18,13 @@ import copy
 from typing import Any
 
 from flax import nnx
+from jax.interpreters import pxla
 import numpy as np
 import optax
 from tunix.rl import trainer as rl_trainer
 
 from tunix_blockdiff import compat
+from tunix_blockdiff import distributed
 from tunix_blockdiff import trainer as sft_trainer
 
 
@@ -76,6 +78,22 @@ class BlockDiffusionRLTrainer(sft_trainer.ExactAccumulation, rl_trainer.Trainer)
     if not self._tunix_accumulates and accumulation > 1:
       wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
       self.grad_sums = sft_trainer.GradientSums(self.model, wrt)
+
+  def _prepare_inputs(self, input_data: Any) -> Any:
+    """Global arrays of a training example every process holds whole.
+
+    Rollouts and scores are gathered on every process (see
+    `distributed.call_sharded`), so each process holds the whole example;
+    Tunix's `shard_input` would take each process's copy as its own rows
+    and duplicate the batch under several processes. The rows are placed
+    over the data axis here instead (the same placement on one process).
+    """
+    input_data = super()._prepare_inputs(input_data)
+    mesh = pxla.thread_resources.env.physical_mesh
+    axes = tuple(self.config.data_sharding_axis)
+    if mesh.empty or len(axes) != 1 or not isinstance(axes[0], str):
+      return input_data
+    return distributed.globalize(input_data, mesh, axes[0])
 
   def _buffer_metrics(
       self, metrics_buffer, loss, step, additional_metrics=None

@@ -40,6 +40,7 @@ from tunix.rl import reshard
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import distributed
 from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import output as output_lib
@@ -278,14 +279,23 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
     prompt_tokens, lengths = self.tokenize_prompts(
         list(prompts), int(rollout_config.max_prompt_length)
     )
-    result = cached.generate(
-        self._model,
+    max_new_tokens = self.max_new_tokens(rollout_config)
+    rng = self._next_key(rollout_config)
+    # On a mesh the prompts are sharded over fsdp and the results gathered:
+    # every process gets every row.
+    result = distributed.call_sharded(
+        lambda tokens, lens: cached.generate(
+            self._model,
+            tokens,
+            lens,
+            config,
+            max_new_tokens=max_new_tokens,
+            rng=rng,
+            use_cache=self._use_cache,
+        ),
+        self.mesh,
         prompt_tokens,
         lengths,
-        config,
-        max_new_tokens=self.max_new_tokens(rollout_config),
-        rng=self._next_key(rollout_config),
-        use_cache=self._use_cache,
     )
     tokens = np.asarray(result.tokens)
     logprobs = np.asarray(result.logprobs)
@@ -362,15 +372,43 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
           " the step that committed each token (use BlockDiffusionGRPOLearner"
           " or pass BlockDiffusionRolloutOutput.commit_steps)"
       )
-    config = config or self.score_config
-    return likelihood_lib.score_trajectories_jit(
+    return self.score(
         self._model,
         prompt_tokens,
-        prompt_mask_from_tokens(prompt_tokens, self.pad_id()),
         completion_tokens,
         commit_step,
-        config,
+        config=config,
         likelihood=likelihood,
+    )
+
+  def score(
+      self,
+      model: nnx.Module,
+      prompt_tokens,
+      completion_tokens,
+      commit_step,
+      *,
+      config: config_lib.DenoiseConfig | None = None,
+      likelihood: str = "exact",
+      mesh: jax.sharding.Mesh | None = None,
+  ) -> jax.Array:
+    """Trajectory-exact log-probs float32 [B, N] of rollouts under `model`.
+
+    `get_per_token_logps` for any model (the reference, say). On a mesh
+    (`mesh`, default the rollout mesh: `model`'s) the rows are sharded over
+    fsdp and the result gathered, the same on every process.
+    """
+    config = config or self.score_config
+    prompt_tokens = np.asarray(prompt_tokens)
+    return distributed.call_sharded(
+        lambda *arrays: likelihood_lib.score_trajectories_jit(
+            model, *arrays, config, likelihood=likelihood
+        ),
+        self.mesh if mesh is None else mesh,
+        prompt_tokens,
+        prompt_mask_from_tokens(prompt_tokens, self.pad_id()),
+        np.asarray(completion_tokens),
+        np.asarray(commit_step),
     )
 
   def update_params(

@@ -1,0 +1,150 @@
+"""`rl` and `opd` on 2 processes x 4 CPU devices (gloo) vs one 8-device process.
+
+Rollouts, scores and teacher logits shard their prompts over `fsdp` and are
+gathered on every process; the training examples are global arrays. A short
+run of each job under `tunix-blockdiff launch` must give the single-process
+run's completions and metrics.
+"""
+
+import json
+
+import jax
+import pytest
+from tunix.sft import checkpoint_manager
+
+from tunix_blockdiff import cli
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import launch
+from tunix_blockdiff.jobs import rl_common
+
+TINY_MODEL = {
+    "num_layers": 1,
+    "embed_dim": 16,
+    "hidden_dim": 32,
+    "num_heads": 2,
+    "head_dim": 8,
+    "num_kv_heads": 1,
+}
+# A reward that differs between rollouts (an untrained policy's exact match
+# is 0 everywhere, which would give GRPO no gradient to compare).
+REWARD = (
+    "def distinct(prompts, completions, **kwargs):\n"
+    "  return [len(set(c)) / 4.0 for c in completions]\n"
+)
+SHORT = [
+    "eval.num_prompts=6",
+    "eval.batch_size=6",
+    "rollout.max_tokens_to_generate=4",
+    "rollout.max_prompt_length=10",
+    "mesh.fsdp=8",
+]
+RL = [
+    "grpo.steps=2",
+    "grpo.prompts_per_step=2",
+    "grpo.num_generations=4",
+    "grpo.micro_batch_prompts=1",
+    "eval.samples_per_prompt=1",
+    "reward=bd_many_processes_reward:distinct",
+]
+OPD = [
+    *[f"teacher.{k}={v}" for k, v in TINY_MODEL.items()],
+    "teacher.steps=3",
+    "teacher.warmup_steps=1",
+    "teacher.batch_size=8",
+    "teacher.num_train=32",
+    "opd.steps=2",
+    "opd.prompts_per_step=2",
+    "opd.micro_batch_prompts=1",
+    "opd.divergence=jsd",
+]
+# Wall-clock figures; everything else in the summaries must agree.
+TIMES = ("seconds", "rl_seconds", "opd_seconds", "teacher_seconds")
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory):
+  """An SFT output_dir (recipe + checkpoint) of an untrained tiny policy."""
+  directory = tmp_path_factory.mktemp("policy")
+  cfg = common.load_recipe([
+      "tiny.yaml",
+      "task.kwargs.min_digits=2",
+      "task.kwargs.max_digits=3",
+      "task.num_eval=8",
+      "data.seq_len=14",
+      "diffusion.block_size=4",
+      *[f"model.{k}={v}" for k, v in TINY_MODEL.items()],
+      f"output_dir={directory}",
+  ])
+  out = common.prepare_output_dir(cfg)
+  model = common.build_model(cfg.model, seed=int(cfg.seed))
+  manager = checkpoint_manager.CheckpointManager(str(out / "checkpoints"))
+  manager.save(1, model, force=True)
+  manager.close()
+  return out
+
+
+@pytest.fixture
+def reward_module(tmp_path, monkeypatch):
+  (tmp_path / "bd_many_processes_reward.py").write_text(REWARD)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for launched processes
+
+
+def _summary(directory) -> dict:
+  summary = json.loads((directory / "summary.json").read_text())
+  for key in (*TIMES, "warm_start_seconds", "recipe"):
+    summary.pop(key, None)
+  return summary
+
+
+def _assert_same(got, want, rtol=1e-5):
+  assert got.keys() == want.keys()
+  for key, value in want.items():
+    if isinstance(value, float):
+      assert got[key] == pytest.approx(value, rel=rtol, abs=1e-7), key
+    elif isinstance(value, list) and value and isinstance(value[0], float):
+      assert got[key] == pytest.approx(value, rel=rtol, abs=1e-7), key
+    else:
+      assert got[key] == value, key
+
+
+@pytest.mark.parametrize(
+    "job,section,args", [("rl", "init", RL), ("opd", "student", OPD)]
+)
+def test_two_processes_equal_one(
+    job, section, args, policy, reward_module, tmp_path, capsys
+):
+  del reward_module
+  run = [job, f"{section}.checkpoint={policy}", *SHORT, *args]
+  assert jax.device_count() == 8
+  assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
+  code = launch.launch(
+      [*run, f"output_dir={tmp_path / 'two'}"],
+      processes=2,
+      devices_per_process=4,
+  )
+  log = capsys.readouterr().out
+  assert code == 0, log[-3000:]
+  one, two = _summary(tmp_path / "one"), _summary(tmp_path / "two")
+  _assert_same(two, one)
+  # The same greedy completions (tokens), and training moved the policy.
+  assert len(one["greedy_samples_end"]) == 6
+  assert one["optimizer_steps"] == 2
+  # Outputs from process 0 only.
+  assert "[p0] wrote" in log and "[p1] wrote" not in log
+  assert (tmp_path / "two" / f"{job}.png").is_file()
+
+
+def test_rl_mesh_rules():
+  assert dict(rl_common.rl_mesh(None).shape) == {"fsdp": 1, "sp": 1, "tp": 1}
+  assert rl_common.rl_mesh({"fsdp": 4, "tp": 2}).devices.size == 8
+  with pytest.raises(Exception, match="context parallelism"):
+    rl_common.rl_mesh({"fsdp": 2, "sp": 4})
+  with pytest.raises(Exception, match="16 devices"):
+    rl_common.rl_mesh({"fsdp": 16})
+
+
+def test_a_model_that_does_not_divide_over_tp_is_refused(policy):
+  mesh = rl_common.rl_mesh({"fsdp": 4, "tp": 2})
+  with pytest.raises(ValueError, match=r"k_proj.*mesh.tp=2.*not a multiple"):
+    rl_common.load_sft_policy(policy, mesh)  # 1 KV head over tp=2
