@@ -378,7 +378,7 @@ def globalize(tree: Any, mesh: jax.sharding.Mesh | None, axis: str = "fsdp"):
   def place(x):
     if isinstance(x, jax.Array) and not x.is_fully_addressable:
       return x
-    if not isinstance(x, (np.ndarray, jax.Array)):
+    if not isinstance(x, (np.ndarray, np.generic, jax.Array)):
       return x
     x = np.asarray(x)
     rows_divide = x.ndim >= 1 and x.shape[0] % size == 0
