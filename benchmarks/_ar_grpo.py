@@ -19,7 +19,7 @@ from tunix.rl.grpo import grpo_learner
 from tunix.sft import metrics_logger as metrics_lib
 from tunix.sft import peft_trainer
 
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_common

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import _causal_lm
 import numpy as np
 
-from tunix_blockdiff import checkpoints
+from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import metrics

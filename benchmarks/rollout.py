@@ -35,7 +35,7 @@ import numpy as np
 from tunix.generate import sampler as sampler_lib
 
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import denoise as denoise_lib
 

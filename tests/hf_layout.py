@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 
-from tunix_blockdiff import hf_export
+from tunix_blockdiff.models import hf_export
 
 _GEMMA3_NORMS = {
     "pre_attention_norm": "input_layernorm",

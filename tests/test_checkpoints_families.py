@@ -21,10 +21,10 @@ from tunix.models.llama3 import model as llama3_lib
 from tunix.models.qwen2 import model as qwen2_lib
 from tunix.models.qwen3 import model as qwen3_lib
 
-from tunix_blockdiff import checkpoints
-from tunix_blockdiff import hf_configs
+from tunix_blockdiff.models import checkpoints
+from tunix_blockdiff.models import hf_configs
 from tunix_blockdiff import models
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 
 _spec = importlib.util.spec_from_file_location(
     "hf_layout", pathlib.Path(__file__).with_name("hf_layout.py")

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from tunix.models.qwen3 import model as qwen3_lib
 
-from tunix_blockdiff import checkpoints
-from tunix_blockdiff import hf_export
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import checkpoints
+from tunix_blockdiff.models import hf_export
+from tunix_blockdiff.models import tiny as tiny_models
 
 VOCAB = 48
 

@@ -13,12 +13,12 @@ import pytest
 import qwix
 from tunix.sft import peft_trainer
 
-from tunix_blockdiff import checkpoints
+from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data
 from tunix_blockdiff import modeling
 from tunix_blockdiff import models
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
 
 VOCAB, MASK, SEQ, BLOCK = 64, 3, 16, 4

@@ -3,7 +3,7 @@
 The test writes its own checkpoint in the Hugging Face layout (config.json
 plus model.safetensors with HF key names and torch weight layouts), exported
 from a Tunix Qwen3 by `hf_export.save_qwen3_hf`, then loads it through
-`tunix_blockdiff.checkpoints` (Tunix's loader underneath) and through the
+`tunix_blockdiff.models.checkpoints` (Tunix's loader underneath) and through the
 `qwen3_0p6b.yaml` recipe of the sft job, with the recipe's LoRA.
 """
 
@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from tunix.models.qwen3 import model as qwen3_lib
 
-from tunix_blockdiff import checkpoints
-from tunix_blockdiff import hf_export
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import checkpoints
+from tunix_blockdiff.models import hf_export
+from tunix_blockdiff.models import tiny as tiny_models
 
 _TESTS = pathlib.Path(__file__).resolve().parent
 VOCAB = 64

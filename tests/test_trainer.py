@@ -14,7 +14,7 @@ from tunix.sft import peft_trainer
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.objective import loss as loss_lib
 

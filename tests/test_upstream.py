@@ -24,7 +24,7 @@ from tunix.sft import peft_trainer
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff import upstream
 

@@ -22,7 +22,7 @@ import _code_corpus  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_eval  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
 
-from tunix_blockdiff import checkpoints  # noqa: E402
+from tunix_blockdiff.models import checkpoints  # noqa: E402
 from tunix_blockdiff import config as config_lib  # noqa: E402
 from tunix_blockdiff import data as data_lib  # noqa: E402
 from tunix_blockdiff.jobs import common  # noqa: E402

@@ -80,7 +80,7 @@ def test_a_text_cut_splits_the_document_inside_it(text, seed, index):
 
 
 def test_chat_rows_use_the_tokenizers_template(tmp_path):
-  from tunix_blockdiff import checkpoints
+  from tunix_blockdiff.models import checkpoints
 
   hf_tokenizer.write_tiny_hf_tokenizer(tmp_path)
   tokenizer = checkpoints.HFTokenizer(tmp_path)

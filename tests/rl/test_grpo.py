@@ -17,7 +17,7 @@ import tunix_blockdiff
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import tasks
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo

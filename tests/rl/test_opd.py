@@ -12,7 +12,7 @@ from tunix.rl import function_registry
 
 import tunix_blockdiff
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import opd
 from tunix_blockdiff.rl import scoring

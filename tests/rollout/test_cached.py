@@ -13,7 +13,7 @@ import pytest
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import modeling
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 
 _spec = importlib.util.spec_from_file_location(

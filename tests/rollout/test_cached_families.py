@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import kv_cache
 

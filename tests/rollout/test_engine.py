@@ -11,7 +11,7 @@ from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import tasks
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import engine as engine_lib
 
 TOKENIZER = tasks.CharTokenizer()

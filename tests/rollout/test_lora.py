@@ -6,8 +6,8 @@ import numpy as np
 import qwix
 
 import tunix_blockdiff as tbd
-from tunix_blockdiff import checkpoints
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import checkpoints
+from tunix_blockdiff.models import tiny as tiny_models
 
 
 def test_lora_model_generates_like_its_merged_weights():

@@ -15,7 +15,7 @@ from tunix.generate import sampler as sampler_lib
 from tunix.sft import peft_trainer
 
 from tunix_blockdiff import distributed
-from tunix_blockdiff import tiny_models
+from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_data
 

@@ -176,7 +176,7 @@ def build_tokenizer(tokenizer_cfg, model_cfg=None):
   if kind == "char":
     return tasks_lib.CharTokenizer()
   if kind == "hf":
-    from tunix_blockdiff import checkpoints  # pylint: disable=g-import-not-at-top
+    from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
 
     path = tokenizer_cfg.get("path") or (model_cfg.path if model_cfg else None)
     if not path:

@@ -31,7 +31,7 @@ import numpy as np
 import omegaconf
 from tunix.sft import checkpoint_manager as checkpoint_lib
 
-from tunix_blockdiff import checkpoints
+from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors

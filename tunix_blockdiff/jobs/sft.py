@@ -26,7 +26,7 @@ import orbax.checkpoint as ocp
 from tunix.sft import hooks
 from tunix.sft import metrics_logger as metrics_lib
 
-from tunix_blockdiff import checkpoints
+from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed

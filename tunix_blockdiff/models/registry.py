@@ -55,7 +55,7 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
   if kind not in KINDS:
     raise ValueError(f"model.kind must be one of {list(KINDS)}, got {kind!r}")
   if kind.startswith("tiny_"):
-    from tunix_blockdiff import tiny_models  # pylint: disable=g-import-not-at-top
+    from tunix_blockdiff.models import tiny as tiny_models  # pylint: disable=g-import-not-at-top
 
     family = kind.removeprefix("tiny_")
     sizes = {key: int(model_cfg[key]) for key in _TINY_KEYS}
@@ -69,7 +69,7 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
         random_mlp=bool(model_cfg.get("random_mlp", False)),
         **sizes,
     )
-  from tunix_blockdiff import checkpoints  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
 
   if not model_cfg.get("path"):
     raise ValueError(f"model.kind={kind} needs model.path (an HF model dir)")

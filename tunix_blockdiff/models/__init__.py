@@ -1,0 +1,20 @@
+"""Model families: build, HF config mapping, load, export, LoRA merge, tiny builders.
+
+| module          | what                                                       |
+|-----------------|------------------------------------------------------------|
+| `registry`      | `model.kind` -> a Tunix model (`build_model`), vocab/window |
+| `hf_configs`    | HF `config.json` -> Tunix `ModelConfig`, refusals by name   |
+| `checkpoints`   | `load_hf` (safetensors), `HFTokenizer`, `merge_lora`        |
+| `hf_export`     | a Tunix model -> an HF directory (the inverse mapping)      |
+| `tiny`          | small randomly initialised models of every family           |
+| `diffusion_gemma` | Google's DiffusionGemma (Gemma 4 stack, encoder/decoder)  |
+
+The registry's names are re-exported here, so `models.build_model` works.
+"""
+
+from tunix_blockdiff.models.registry import build_model
+from tunix_blockdiff.models.registry import check_window
+from tunix_blockdiff.models.registry import FAMILIES
+from tunix_blockdiff.models.registry import KINDS
+from tunix_blockdiff.models.registry import model_vocab_size
+from tunix_blockdiff.models.registry import sliding_window
