@@ -97,7 +97,7 @@ def dense_step_table(lengths=(256, 1024), batch=4, repeats=7) -> str:
   from flax import nnx  # pylint: disable=g-import-not-at-top
   import jax  # pylint: disable=g-import-not-at-top
 
-  from tunix_blockdiff import modeling  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.models import logits as modeling  # pylint: disable=g-import-not-at-top
   from tunix_blockdiff.models import tiny as tiny_models  # pylint: disable=g-import-not-at-top
   from tunix_blockdiff.objective import loss as loss_lib  # pylint: disable=g-import-not-at-top
 

@@ -16,7 +16,7 @@ from tunix.sft import peft_trainer
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff import models
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib

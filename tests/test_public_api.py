@@ -133,7 +133,7 @@ def test_diffusion_loss_signature_and_meaning():
 
 def test_foundation_names_are_the_module_objects():
   from tunix_blockdiff import compat
-  from tunix_blockdiff import modeling
+  from tunix_blockdiff.models import logits as modeling
   from tunix_blockdiff.attention import context_parallel
   from tunix_blockdiff.attention import masks
   from tunix_blockdiff.objective import alignment

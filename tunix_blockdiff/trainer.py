@@ -33,7 +33,7 @@ from tunix.sft import peft_trainer
 
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.objective import loss as loss_lib
 
 TrainingConfig = peft_trainer.TrainingConfig

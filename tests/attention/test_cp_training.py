@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 from tunix.models.qwen3 import model as qwen3_lib
 
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.attention import context_parallel
-from tunix_blockdiff.attention import shim
+from tunix_blockdiff.models import flash as shim
 from tunix_blockdiff.attention import tokamax_path
 from tunix_blockdiff.objective import loss as loss_lib
 

@@ -25,7 +25,7 @@ from scipy import stats
 
 import tunix_blockdiff as tbd
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rl import likelihood
 from tunix_blockdiff.rl import selection

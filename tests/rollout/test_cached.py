@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 

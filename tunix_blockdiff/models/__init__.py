@@ -7,9 +7,14 @@
 | `checkpoints`   | `load_hf` (safetensors), `HFTokenizer`, `merge_lora`        |
 | `hf_export`     | a Tunix model -> an HF directory (the inverse mapping)      |
 | `tiny`          | small randomly initialised models of every family           |
+| `logits`        | target-aligned block-diffusion logits of any family (was `modeling`) |
+| `flash`         | a model's flash attention through block-causal Splash/Tokamax kernels (was `attention.shim`) |
 | `diffusion_gemma` | Google's DiffusionGemma (Gemma 4 stack, encoder/decoder)  |
 
 The registry's names are re-exported here, so `models.build_model` works.
+
+Arrows: `logits` and `flash` read `attention/` (masks, kernels) and
+`objective/`; neither of those imports anything from here.
 """
 
 from tunix_blockdiff.models.registry import build_model

@@ -7,7 +7,7 @@
 
 for `<fam>` in `qwen3`, `qwen2`, `llama3`, `gemma3`. Every family is called
 as `model(tokens [B, L], positions [B, L], cache, attention_mask [B, L, L'])`
-and returns `(logits [B, L, V], cache)`, which is all `modeling` and
+and returns `(logits [B, L, V], cache)`, which is all `models.logits` and
 `rollout` need. Gemma3's sliding-window layers apply their window by
 *physical* slot inside each call (`sliding_window`); the callers that lay
 tokens out other than in logical order check it (`check_window`).

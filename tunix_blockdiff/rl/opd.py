@@ -46,7 +46,7 @@ from tunix.rl import utils as rl_utils
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff import models
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import cluster as cluster_lib

@@ -36,7 +36,7 @@ import numpy as np
 
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import trajectory_batch
 from tunix_blockdiff.rollout import denoise as denoise_lib

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.rollout import cached_loop
 from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache

@@ -42,7 +42,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import models
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib

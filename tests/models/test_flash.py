@@ -14,10 +14,10 @@ import pytest
 from tunix.models.qwen2 import model as qwen2_lib
 from tunix.models.qwen3 import model as qwen3_lib
 
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.attention import masks
-from tunix_blockdiff.attention import shim
+from tunix_blockdiff.models import flash as shim
 from tunix_blockdiff.attention import tokamax_path
 
 VOCAB, L, BLOCK = 64, 256, 16

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tunix_blockdiff import modeling
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.objective import alignment as alignment_lib

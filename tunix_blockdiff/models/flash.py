@@ -1,5 +1,8 @@
 """Block-diffusion attention for Tunix models, without forking their code.
 
+(Formerly `tunix_blockdiff.attention.shim`: it calls the model, so it lives
+with the models, above the kernels and masks of `attention/`.)
+
 Dense path (any Tunix causal LM, `use_flash_attention=False`): the model
 already takes an `attention_mask`; `block_diffusion_logits` passes the
 block-causal mask from logical positions. Nothing is patched.
@@ -38,10 +41,10 @@ import jax
 from jax.interpreters import pxla
 import jax.numpy as jnp
 
-from tunix_blockdiff import modeling
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.attention import splash
 from tunix_blockdiff.attention import tokamax_path
+from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.objective import alignment as alignment_lib
 
 KERNELS = ("splash", "tokamax")

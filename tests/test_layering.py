@@ -1,0 +1,90 @@
+"""The package-level import arrows of `tunix_blockdiff` form a DAG.
+
+A unit is a subpackage (`attention`, `models`, ...) or a top-level module
+(`config`, `trainer`, ...). Every `import` / `from ... import` of a
+`tunix_blockdiff` module in a unit's files is an arrow to the unit it names.
+Deprecated alias modules (`modeling.py`, `tiny_models.py`, ...) only point
+at their new homes and are arrows like any other.
+"""
+
+import ast
+import pathlib
+
+import pytest
+
+import tunix_blockdiff
+
+PACKAGE = pathlib.Path(tunix_blockdiff.__file__).parent
+# rollout/engine.py scores with rl.likelihood (the Tunix engine's
+# get_per_token_logps), and rl builds on rollouts: a known pair, kept visible.
+KNOWN_CYCLE_ARROWS = {("rollout", "rl")}
+
+
+def _unit(module: str) -> str:
+  parts = module.split(".")
+  return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _arrows() -> dict[str, dict[str, set[str]]]:
+  """unit -> {imported unit -> files}."""
+  arrows: dict[str, dict[str, set[str]]] = {}
+  for path in PACKAGE.rglob("*.py"):
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    module = ".".join(rel.parts).removesuffix(".__init__")
+    source = _unit(module)
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = []
+      if isinstance(node, ast.ImportFrom) and node.module:
+        if node.level == 0 and node.module == "tunix_blockdiff":
+          names = [f"tunix_blockdiff.{a.name}" for a in node.names]
+        elif node.level == 0 and node.module.startswith("tunix_blockdiff."):
+          names = [node.module]
+      elif isinstance(node, ast.Import):
+        names = [a.name for a in node.names
+                 if a.name.startswith("tunix_blockdiff.")]
+      for name in names:
+        target = _unit(name)
+        if target != source:
+          arrows.setdefault(source, {}).setdefault(target, set()).add(
+              str(path.relative_to(PACKAGE)))
+  return arrows
+
+
+def test_attention_imports_no_model_code():
+  arrows = _arrows()
+  assert set(arrows.get("attention", {})) <= {"config", "errors"}, arrows[
+      "attention"]
+
+
+def test_modeling_is_gone_from_attention_and_lives_in_models():
+  for path in (PACKAGE / "attention").glob("*.py"):
+    assert "modeling" not in path.read_text(), path
+  assert (PACKAGE / "models" / "logits.py").exists()
+  assert (PACKAGE / "models" / "flash.py").exists()
+
+
+def test_package_arrows_form_a_dag():
+  arrows = _arrows()
+  graph = {
+      source: {t for t in targets if (source, t) not in KNOWN_CYCLE_ARROWS}
+      for source, targets in arrows.items()
+  }
+  state: dict[str, str] = {}
+
+  def visit(unit, stack):
+    state[unit] = "open"
+    for target in sorted(graph.get(unit, ())):
+      if state.get(target) == "open":
+        cycle = stack[stack.index(target):] + [target]
+        files = {
+            f"{a}->{b}": sorted(arrows[a][b])
+            for a, b in zip(cycle, cycle[1:])
+        }
+        pytest.fail(f"import cycle {' -> '.join(cycle)}: {files}")
+      if target not in state:
+        visit(target, stack + [target])
+    state[unit] = "done"
+
+  for unit in sorted(graph):
+    if unit not in state:
+      visit(unit, [unit])
