@@ -1,0 +1,123 @@
+"""The entropy-bound sampler against the reference's step functions.
+
+`tests/data/diffusion_gemma/sampler.npz` holds the reference's acceptance,
+renoising, stopping and temperature outputs on fixed inputs (written by
+`tools/diffusion_gemma_goldens.py`); the invariants are checked with
+hypothesis.
+"""
+
+import pathlib
+
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tunix_blockdiff.models.diffusion_gemma import SamplerConfig
+from tunix_blockdiff.rollout import entropy_bound as eb
+
+REF = np.load(pathlib.Path(__file__).resolve().parents[1]
+              / "data/diffusion_gemma/sampler.npz")
+
+
+@pytest.mark.parametrize("bound", [0.05, 0.3, 1.5])
+def test_acceptance_and_renoise_match_the_reference(bound):
+  entropy = eb.token_entropy(jnp.asarray(REF["accept_logits"]))
+  mask = eb.accept_mask(entropy, bound)
+  np.testing.assert_array_equal(mask, REF[f"accepted_mask_{bound}"])
+  accepted = jnp.where(mask, REF["accept_denoiser"], REF["accept_current"])
+  np.testing.assert_array_equal(accepted, REF[f"accepted_{bound}"])
+  np.testing.assert_array_equal(
+      eb.renoise(accepted, mask, jnp.asarray(REF["renoise_noise"])),
+      REF[f"renoised_{bound}"])
+
+
+@pytest.mark.parametrize("stability", [0, 1, 2])
+def test_adaptive_stop_matches_the_reference(stability):
+  config = SamplerConfig(stability_threshold=stability,
+                         confidence_threshold=0.5)
+  s = max(stability, 1)
+  argmax = REF["stop_argmax"]
+  history = jnp.full((s,) + argmax.shape[1:], -1, jnp.int32)
+  filled = jnp.zeros((), jnp.int32)
+  flags = []
+  for step in range(argmax.shape[0]):
+    stop, history, filled = eb.stop_update(
+        history, filled, jnp.asarray(argmax[step]),
+        jnp.asarray(REF["stop_logits"][step]), config)
+    flags.append(np.asarray(stop))
+  np.testing.assert_array_equal(np.stack(flags), REF[f"stop_{stability}"])
+  assert np.asarray(flags).any() and not np.asarray(flags).all()
+
+
+def test_linear_temperature_schedule_matches_the_reference():
+  config = SamplerConfig(max_denoising_steps=5, t_min=0.3, t_max=0.9)
+  got = [float(eb.temperature(jnp.float32(n), config)) for n in range(5, 0, -1)]
+  np.testing.assert_allclose(got, REF["temperatures"], rtol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.floats(0.0, 3.0, width=32), min_size=1, max_size=12),
+    st.floats(0.01, 4.0),
+)
+def test_accepted_slots_follow_the_bound_exactly(entropies, bound):
+  e = np.asarray(entropies, np.float32)[None]
+  mask = np.asarray(eb.accept_mask(jnp.asarray(e), bound))[0]
+  order = np.argsort(e[0], kind="stable")
+  ranked = e[0][order]
+  before = np.cumsum(ranked) - ranked
+  np.testing.assert_array_equal(mask[order], before <= np.float32(bound))
+  assert mask[order[0]]  # the most certain slot always goes in
+  # Accepted slots are a lowest-entropy prefix.
+  if (~mask).any():
+    assert e[0][mask].max() <= e[0][~mask].min()
+
+
+def _toy_decoder(vocab, sharpness):
+  """Logits that favour token (slot + 1) % vocab, sharper every call."""
+
+  def decoder_fn(canvas, sc_logits, sc_on):
+    b, c = canvas.shape
+    target = (jnp.arange(c) + 1) % vocab
+    base = jax.nn.one_hot(target, vocab) * sharpness[:, None, None]
+    bonus = jnp.where(sc_on[:, None, None], 0.5 * sc_logits, 0.0)
+    return jnp.broadcast_to(base, (b, c, vocab)) + bonus
+
+  return decoder_fn
+
+
+def test_rows_stop_independently_and_never_change_after():
+  config = SamplerConfig(max_denoising_steps=8, entropy_bound=0.5,
+                         stability_threshold=1, confidence_threshold=0.05)
+  # Row 0 is near-deterministic (stops early); row 1 stays uncertain.
+  decoder = _toy_decoder(7, jnp.array([30.0, 0.5]))
+  result = jax.jit(lambda k: eb.denoise_canvas(
+      decoder, k, 2, 5, 7, config, record_trace=True))(jax.random.key(3))
+  steps = np.asarray(result.steps)
+  assert steps[0] < steps[1] == 8
+  live = np.asarray(result.trace["live"])
+  canvases = np.asarray(result.trace["canvas"])
+  first_dead = int(np.argmin(live[:, 0]))
+  assert not live[first_dead:steps[1], 0].any()
+  for step in range(first_dead + 1, steps[1]):
+    np.testing.assert_array_equal(canvases[step, 0], canvases[first_dead, 0])
+  np.testing.assert_array_equal(np.asarray(result.tokens)[0],
+                                (np.arange(5) + 1) % 7)
+  assert not np.asarray(result.trace["accepted"])[first_dead:, 0].any()
+
+
+def test_step_limit_and_self_conditioning_switch():
+  config = SamplerConfig(max_denoising_steps=3, confidence_threshold=1e-9)
+  result = eb.denoise_canvas(_toy_decoder(5, jnp.array([1.0])),
+                             jax.random.key(0), 1, 4, 5, config,
+                             record_trace=True)
+  assert int(result.steps[0]) == 3
+  np.testing.assert_array_equal(np.asarray(result.trace["sc_on"])[:, 0],
+                                [False, True, True])
+  np.testing.assert_allclose(result.trace["temperature"],
+                             [0.8, 0.4 + 0.4 * 2 / 3, 0.4 + 0.4 / 3],
+                             rtol=1e-6)

@@ -1,0 +1,193 @@
+"""Generation with a DiffusionGemma model: canvases over an exact KV cache.
+
+`generate` encodes the (left-padded) prompts causally into the cache, then
+per canvas runs one compiled program: the entropy-bound denoising loop
+(`entropy_bound.denoise_canvas`) over the decoder, the per-row EOS handling,
+and the causal encoding of the finished canvas into the cache. Positions are
+physical slots (0 at the first, possibly padding, prompt slot), as in the
+reference implementation, and a row stops once a canvas holds its EOS:
+slots after that EOS and all later canvases are `pad_token_id`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from tunix_blockdiff.models.diffusion_gemma import config as config_lib
+from tunix_blockdiff.models.diffusion_gemma import model as model_lib
+from tunix_blockdiff.rollout import entropy_bound
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateResult:
+  """Generated canvases (NumPy).
+
+  Attributes:
+    tokens: int [B, K * C] the K canvases, pad after each row's first EOS.
+    changed_at: int [B, K * C] the denoising step at which each token last
+      changed (colours the output by step).
+    canvas_steps: int [B, K] decoder calls per canvas and row.
+    forward_passes: int [B] decoder calls per row (finished rows not counted).
+    tokens_per_forward: float [B] non-pad new tokens / forward passes (the
+      reference's `tokens_per_forward`).
+    trace: Per canvas, the sampler's step record (`record_trace=True`).
+  """
+
+  tokens: np.ndarray
+  changed_at: np.ndarray
+  canvas_steps: np.ndarray
+  forward_passes: np.ndarray
+  tokens_per_forward: np.ndarray
+  trace: list[dict[str, np.ndarray]] | None = None
+
+
+def finish_canvas(tokens, finished, eos_token_id, pad_token_id):
+  """A canvas after the per-row stop (the reference's finalisation).
+
+  Args:
+    tokens: int [B, C] the argmax canvas.
+    finished: bool [B] rows that stopped in an earlier canvas.
+    eos_token_id: EOS id or None.
+    pad_token_id: Pad id.
+
+  Returns:
+    (tokens with finished rows all pad and slots after a first EOS pad,
+    finished after this canvas).
+  """
+  tokens = jnp.where(finished[:, None], pad_token_id, tokens)
+  if eos_token_id is None:
+    return tokens, finished
+  is_eos = tokens == eos_token_id
+  seen = jnp.cumsum(is_eos, axis=-1)
+  after = (seen > 0) & ~((seen == 1) & is_eos)
+  stopped = jnp.any(is_eos, axis=-1) & ~finished
+  tokens = jnp.where(stopped[:, None] & after, pad_token_id, tokens)
+  return tokens, finished | stopped
+
+
+class DiffusionGemmaSampler:
+  """Compiled prefill and canvas programs for one model (reuse across calls).
+
+  Attributes:
+    model: The `DiffusionGemma`.
+    config: The sampler settings.
+  """
+
+  def __init__(self, model: model_lib.DiffusionGemma,
+               config: config_lib.SamplerConfig, *,
+               record_trace: bool = False):
+    self.model = model
+    self.config = config
+    self.record_trace = record_trace
+    graphdef, _ = nnx.split(model)
+    cfg = model.config
+
+    def prefill(state, tokens, valid, cache):
+      m = nnx.merge(graphdef, state)
+      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+      _, cache = m.encode(tokens, positions, valid, cache)
+      return cache
+
+    def canvas(state, cache, key, finished):
+      m = nnx.merge(graphdef, state)
+      b = finished.shape[0]
+      c = cfg.canvas_length
+      positions = jnp.broadcast_to(cache.length + jnp.arange(c), (b, c))
+
+      def decoder_fn(tokens, sc_logits, sc_on):
+        return m.decode(tokens, positions, cache, sc_logits, sc_on)
+
+      result = entropy_bound.denoise_canvas(
+          decoder_fn, key, b, c, cfg.vocab_size, config, active=~finished,
+          record_trace=record_trace)
+      tokens, now_finished = finish_canvas(result.tokens, finished,
+                                           config.eos_token_id,
+                                           config.pad_token_id)
+      _, cache = m.encode(tokens, positions, jnp.ones((b, c), bool), cache)
+      return cache, tokens, result.steps, result.changed_at, now_finished, (
+          result.trace)
+
+    self._prefill = jax.jit(prefill)
+    self._canvas = jax.jit(canvas)
+
+  def generate(self, prompt_tokens, prompt_lengths, *, max_new_tokens: int,
+               rng: jax.Array) -> GenerateResult:
+    """Samples `ceil(max_new_tokens / C)` canvases after left-padded prompts.
+
+    Args:
+      prompt_tokens: int [B, P], each row's prompt right-aligned.
+      prompt_lengths: int [B] in [1, P].
+      max_new_tokens: New tokens wanted (rounded up to whole canvases).
+      rng: PRNG key.
+
+    Returns:
+      A `GenerateResult`.
+    """
+    prompt_tokens = np.asarray(prompt_tokens)
+    lengths = np.asarray(prompt_lengths)
+    if prompt_tokens.ndim != 2:
+      raise ValueError("prompt_tokens must be int [B, P], got shape"
+                       f" {prompt_tokens.shape}")
+    b, p = prompt_tokens.shape
+    if lengths.shape != (b,) or np.any(lengths < 1) or np.any(lengths > p):
+      raise ValueError(
+          f"prompt_lengths must be int [B={b}] in [1, {p}], got {lengths}")
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+      raise ValueError("max_new_tokens must be a positive int, got"
+                       f" {max_new_tokens!r}")
+    vocab = self.model.config.vocab_size
+    if prompt_tokens.min() < 0 or prompt_tokens.max() >= vocab:
+      raise ValueError(f"prompt_tokens must be in [0, {vocab})")
+    c = self.model.config.canvas_length
+    canvases = math.ceil(max_new_tokens / c)
+    valid = np.arange(p)[None, :] >= (p - lengths)[:, None]
+    state = nnx.state(self.model)
+    cache = self.model.init_cache(b, p + canvases * c)
+    cache = self._prefill(state, jnp.asarray(prompt_tokens),
+                          jnp.asarray(valid), cache)
+    finished = jnp.zeros((b,), bool)
+    tokens, changed, steps, traces = [], [], [], []
+    for key in jax.random.split(rng, canvases):
+      cache, out, n, ch, finished, trace = self._canvas(state, cache, key,
+                                                        finished)
+      tokens.append(out)
+      changed.append(ch)
+      steps.append(n)
+      traces.append(trace)
+      if bool(jnp.all(finished)):
+        break
+    tokens = np.asarray(jnp.concatenate(tokens, axis=1))
+    pad_rest = canvases * c - tokens.shape[1]
+    changed = np.asarray(jnp.concatenate(changed, axis=1))
+    steps = np.asarray(jnp.stack(steps, axis=1))
+    if pad_rest:
+      tokens = np.pad(tokens, ((0, 0), (0, pad_rest)),
+                      constant_values=self.config.pad_token_id)
+      changed = np.pad(changed, ((0, 0), (0, pad_rest)))
+      steps = np.pad(steps, ((0, 0), (0, canvases - steps.shape[1])))
+    passes = steps.sum(axis=1)
+    kept = (tokens != self.config.pad_token_id).sum(axis=1)
+    return GenerateResult(
+        tokens=tokens,
+        changed_at=changed,
+        canvas_steps=steps,
+        forward_passes=passes,
+        tokens_per_forward=kept / np.maximum(passes, 1),
+        trace=([jax.tree.map(np.asarray, t) for t in traces]
+               if self.record_trace else None),
+    )
+
+
+def generate(model: model_lib.DiffusionGemma, prompt_tokens, prompt_lengths,
+             config: config_lib.SamplerConfig, *, max_new_tokens: int,
+             rng: jax.Array | None = None) -> GenerateResult:
+  """One-shot `DiffusionGemmaSampler(model, config).generate(...)`."""
+  rng = jax.random.key(0) if rng is None else rng
+  return DiffusionGemmaSampler(model, config).generate(
+      prompt_tokens, prompt_lengths, max_new_tokens=max_new_tokens, rng=rng)

@@ -1,0 +1,217 @@
+"""DiffusionGemma's entropy-bound sampler: the step functions and one canvas.
+
+A canvas of C slots starts uniform-random. Each step n (counting down from
+N to 1) runs the decoder on the canvas (self-conditioned on the previous
+step's temperature-scaled logits), and:
+
+1. scales the logits by `1 / T(n)`, `T(n) = t_min + (t_max - t_min) n / N`;
+2. samples a denoiser canvas from them and takes their argmax;
+3. accepts the lowest-entropy slots while the sum of the accepted entropies
+   minus the largest of them stays <= `entropy_bound` (`accept_mask`);
+4. renoises every other slot with a uniform token (`renoise`);
+5. stops the row once its argmax canvas equals each of the previous S
+   steps' and its mean entropy is below `confidence_threshold`
+   (`stop_update`); a stopped row keeps its canvas, argmax and logits.
+
+The canvas's result is the last argmax. All functions are pure and
+`jax.jit`-able; `denoise_canvas` takes any `decoder_fn(canvas, sc_logits,
+sc_on) -> logits`, so it is independent of the model.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from tunix_blockdiff.models.diffusion_gemma import config as config_lib
+
+DecoderFn = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
+
+
+def token_entropy(logits: jax.Array) -> jax.Array:
+  """Entropy (nats) of softmax(logits) over the last axis, float32."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+
+
+def temperature(steps_left: jax.Array, config: config_lib.SamplerConfig):
+  """T(n) of the step with `steps_left` = n steps left (N .. 1)."""
+  frac = steps_left / config.max_denoising_steps
+  return config.t_min + (config.t_max - config.t_min) * frac
+
+
+def accept_mask(entropy: jax.Array, bound: float) -> jax.Array:
+  """Entropy-bound acceptance, bool [B, C].
+
+  In ascending entropy order, slot r is accepted iff the sum of the entropies
+  before it is <= `bound` (equivalently, cumsum - max over the first r+1 <=
+  bound). The lowest-entropy slot is always accepted.
+
+  Args:
+    entropy: float [B, C].
+    bound: The entropy bound gamma (> 0).
+  """
+  order = jnp.argsort(entropy, axis=-1, stable=True)
+  ranked = jnp.take_along_axis(entropy, order, axis=-1)
+  before = jnp.cumsum(ranked, axis=-1) - ranked
+  keep = before <= bound
+  rows = jnp.arange(entropy.shape[0])[:, None]
+  return jnp.zeros(entropy.shape, bool).at[rows, order].set(keep)
+
+
+def renoise(accepted: jax.Array, mask: jax.Array, noise: jax.Array):
+  """The next canvas: accepted slots kept, the others from `noise`."""
+  return jnp.where(mask, accepted, noise)
+
+
+def stop_update(history: jax.Array, filled: jax.Array, argmax: jax.Array,
+                scaled_logits: jax.Array,
+                config: config_lib.SamplerConfig):
+  """The adaptive stop of one step.
+
+  Args:
+    history: int [S, B, C] the previous S argmax canvases (oldest first).
+    filled: int [] how many of them exist (a missing one never matches).
+    argmax: int [B, C] this step's argmax canvas.
+    scaled_logits: float [B, C, V] this step's temperature-scaled logits.
+    config: Supplies S and the confidence threshold c.
+
+  Returns:
+    (stop bool [B], updated history, updated filled).
+  """
+  s = config.stability_threshold
+  if s == 0:
+    stable = jnp.ones(argmax.shape[:1], bool)
+  else:
+    same = jnp.all(history == argmax[None], axis=-1)          # [S, B]
+    stable = jnp.all(same, axis=0) & (filled >= s)
+    history = jnp.concatenate([history[1:], argmax[None]], axis=0)
+    filled = jnp.minimum(filled + 1, s)
+  confident = jnp.mean(token_entropy(scaled_logits), -1) < (
+      config.confidence_threshold)
+  return stable & confident, history, filled
+
+
+class CanvasResult(NamedTuple):
+  """One denoised canvas.
+
+  Attributes:
+    tokens: int [B, C] the final argmax canvas.
+    steps: int [B] decoder calls this canvas took per row (the reference's
+      count: steps before the row's stop, the stopping step included).
+    changed_at: int [B, C] the step (1-based) at which each final token last
+      changed in the argmax canvas.
+    trace: Optional per-step record (see `denoise_canvas`), else None.
+  """
+
+  tokens: jax.Array
+  steps: jax.Array
+  changed_at: jax.Array
+  trace: dict[str, jax.Array] | None
+
+
+def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
+                   canvas_length: int, vocab_size: int,
+                   config: config_lib.SamplerConfig, *,
+                   active: jax.Array | None = None,
+                   record_trace: bool = False) -> CanvasResult:
+  """Denoises one canvas with the entropy-bound sampler (jit-able).
+
+  Args:
+    decoder_fn: `(canvas int [B, C], sc_logits float [B, C, V], sc_on bool
+      [B]) -> logits [B, C, V]`; `sc_on` False means no self-conditioning
+      (the first step).
+    key: PRNG key (initial canvas, then per step a sample and a noise key).
+    batch, canvas_length, vocab_size: B, C, V.
+    config: The sampler settings.
+    active: bool [B] rows that still generate (finished rows are not
+      counted in `steps`); default all.
+    record_trace: Also return, per step, the input canvas, the sampled
+      denoiser canvas, the accepted mask, the temperature, whether the row
+      was still denoising, and the self-conditioning switch (for exact
+      trajectory scoring).
+
+  Returns:
+    A `CanvasResult`.
+  """
+  n = config.max_denoising_steps
+  s = max(config.stability_threshold, 1)
+  key, init_key = jax.random.split(key)
+  canvas = jax.random.randint(init_key, (batch, canvas_length), 0, vocab_size)
+  if active is None:
+    active = jnp.ones((batch,), bool)
+  state = dict(
+      step=jnp.zeros((), jnp.int32),
+      key=key,
+      canvas=canvas,
+      argmax=canvas,
+      sc_logits=jnp.zeros((batch, canvas_length, vocab_size), jnp.float32),
+      done=jnp.zeros((batch,), bool),
+      history=jnp.full((s, batch, canvas_length), -1, jnp.int32),
+      filled=jnp.zeros((), jnp.int32),
+      steps=jnp.zeros((batch,), jnp.int32),
+      changed_at=jnp.zeros((batch, canvas_length), jnp.int32),
+  )
+  if record_trace:
+    state["trace"] = dict(
+        canvas=jnp.zeros((n, batch, canvas_length), jnp.int32),
+        denoiser=jnp.zeros((n, batch, canvas_length), jnp.int32),
+        accepted=jnp.zeros((n, batch, canvas_length), bool),
+        temperature=jnp.zeros((n,), jnp.float32),
+        live=jnp.zeros((n, batch), bool),
+        sc_on=jnp.zeros((n, batch), bool),
+    )
+
+  def cond(st):
+    return (st["step"] < n) & ~jnp.all(st["done"])
+
+  def body(st):
+    step = st["step"]
+    key, sample_key, noise_key = jax.random.split(st["key"], 3)
+    sc_on = jnp.broadcast_to(step > 0, (batch,))
+    logits = decoder_fn(st["canvas"], st["sc_logits"], sc_on)
+    temp = temperature((n - step).astype(jnp.float32), config)
+    scaled = logits.astype(jnp.float32) / temp
+    denoiser = jax.random.categorical(sample_key, scaled, axis=-1)
+    new_argmax = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
+    accepted = accept_mask(token_entropy(scaled), config.entropy_bound)
+    noise = jax.random.randint(noise_key, (batch, canvas_length), 0,
+                               vocab_size)
+    new_canvas = renoise(jnp.where(accepted, denoiser, st["canvas"]),
+                         accepted, noise)
+    done = st["done"]
+    new_argmax = jnp.where(done[:, None], st["argmax"], new_argmax)
+    new_canvas = jnp.where(done[:, None], st["canvas"], new_canvas)
+    scaled = jnp.where(done[:, None, None], st["sc_logits"], scaled)
+    stop, history, filled = stop_update(st["history"], st["filled"],
+                                        new_argmax, scaled, config)
+    changed = new_argmax != st["argmax"]
+    out = dict(
+        step=step + 1,
+        key=key,
+        canvas=new_canvas,
+        argmax=new_argmax,
+        sc_logits=scaled,
+        done=done | stop,
+        history=history,
+        filled=filled,
+        steps=st["steps"] + (~done & active).astype(jnp.int32),
+        changed_at=jnp.where(changed, step + 1, st["changed_at"]),
+    )
+    if record_trace:
+      tr = st["trace"]
+      out["trace"] = dict(
+          canvas=tr["canvas"].at[step].set(st["canvas"]),
+          denoiser=tr["denoiser"].at[step].set(denoiser.astype(jnp.int32)),
+          accepted=tr["accepted"].at[step].set(accepted & ~done[:, None]),
+          temperature=tr["temperature"].at[step].set(temp),
+          live=tr["live"].at[step].set(~done),
+          sc_on=tr["sc_on"].at[step].set(sc_on),
+      )
+    return out
+
+  final = jax.lax.while_loop(cond, body, state)
+  return CanvasResult(final["argmax"], final["steps"], final["changed_at"],
+                      final.get("trace"))
