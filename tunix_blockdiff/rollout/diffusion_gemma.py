@@ -91,7 +91,7 @@ class DiffusionGemmaSampler:
     def prefill(state, tokens, valid, cache):
       m = nnx.merge(graphdef, state)
       positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-      _, cache = m.encode(tokens, positions, valid, cache)
+      _, cache = m(tokens, positions, valid, cache, method="encode")
       return cache
 
     def canvas(state, cache, key, finished):
@@ -101,7 +101,7 @@ class DiffusionGemmaSampler:
       positions = jnp.broadcast_to(cache.length + jnp.arange(c), (b, c))
 
       def decoder_fn(tokens, sc_logits, sc_on):
-        return m.decode(tokens, positions, cache, sc_logits, sc_on)
+        return m(tokens, positions, cache, sc_logits, sc_on, method="decode")
 
       result = entropy_bound.denoise_canvas(
           decoder_fn, key, b, c, cfg.vocab_size, config, active=~finished,
@@ -109,7 +109,8 @@ class DiffusionGemmaSampler:
       tokens, now_finished = finish_canvas(result.tokens, finished,
                                            config.eos_token_id,
                                            config.pad_token_id)
-      _, cache = m.encode(tokens, positions, jnp.ones((b, c), bool), cache)
+      _, cache = m(tokens, positions, jnp.ones((b, c), bool), cache,
+                   method="encode")
       return cache, tokens, result.steps, result.changed_at, now_finished, (
           result.trace)
 

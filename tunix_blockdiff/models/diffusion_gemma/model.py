@@ -183,6 +183,28 @@ class DiffusionGemma(nnx.Module):
 
   # -- training -------------------------------------------------------------
 
+  def __call__(self, *args, method: str = "train_logits", **kwargs):
+    """The one entry point: `train_logits`, `encode` or `decode`.
+
+    qwix intercepts a single method of an nnx model, so LoRA applies to
+    every pass only when callers go through `__call__` (the objective and
+    the sampler do: `model(..., method="decode")`).
+    """
+    if method not in ("train_logits", "encode", "decode"):
+      raise ValueError(
+          f"method must be train_logits, encode or decode, got {method!r}")
+    return getattr(self, method)(*args, **kwargs)
+
+  def get_model_input(self) -> dict[str, jax.Array]:
+    """Dummy `__call__` inputs (Tunix's convention, used by qwix)."""
+    c = self.config.canvas_length
+    length = 2 * c
+    ids = jnp.zeros((1, length), jnp.int32)
+    canvas_id = jnp.where(jnp.arange(length) >= c, 0, -1)[None]
+    return dict(clean=ids, noisy=ids, positions=jnp.arange(length)[None],
+                valid=jnp.ones((1, length), bool), canvas_id=canvas_id,
+                canvas_start=jnp.full((1, length), c, jnp.int32))
+
   def train_logits(self, clean, noisy, positions, valid, canvas_id,
                    canvas_start, sc_logits=None, sc_mask=None):
     """Decoder logits of every noisy canvas of whole rows, in one pass.
