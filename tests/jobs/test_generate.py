@@ -85,6 +85,23 @@ def test_generate_custom_prompts(run_dir):
   assert (out / "custom.png").is_file()
 
 
+def test_generate_custom_prompts_default_to_the_runs_eval_budget(
+    run_dir, capsys
+):
+  out, _, _ = run_dir
+  # The budget of the run's own held-out prompts (the SFT eval's).
+  assert cli.main(["generate", str(out), "color=false"]) == 0
+  budget = len(json.loads((out / "generate.json").read_text())["tokens"][0])
+  capsys.readouterr()
+  assert cli.main([
+      "generate", str(out), 'prompts=["rev 123>", "rev 9>"]', "color=false",
+  ]) == 0
+  err = capsys.readouterr().err
+  result = json.loads((out / "generate.json").read_text())
+  assert len(result["tokens"][0]) == budget > 5
+  assert f"max_new_tokens={budget}: the run's own eval budget" in err
+
+
 def test_generate_errors(run_dir, tmp_path, capsys):
   out, _, _ = run_dir
   # Usage errors: one line on stderr, exit status 2, no traceback.
@@ -92,7 +109,6 @@ def test_generate_errors(run_dir, tmp_path, capsys):
       (["generate"], "usage"),
       (["generate", str(tmp_path)], "recipe.yaml not found"),
       (["generate", str(out), "thresold=0.5"], "did you mean 'threshold'"),
-      (["generate", str(out), 'prompts=["rev 1>"]'], "max_new_tokens is"),
   ]:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

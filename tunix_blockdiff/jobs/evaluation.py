@@ -84,23 +84,22 @@ def evaluate_generation(
   all_tokens, all_steps = [], []
   for start in range(0, num, batch_size):
     index = np.minimum(np.arange(start, start + batch_size), num - 1)
-    batch = {"prompts": prompts[index], "lengths": lengths[index]}
-    if mesh is not None:
-      lo, hi = distributed.process_rows(mesh, batch_size)
-      batch = distributed.global_batch(
-          {k: v[lo:hi] for k, v in batch.items()}, mesh, batch_size
-      )
-    result = cached.generate(
-        model,
-        batch["prompts"],
-        batch["lengths"],
-        denoise_config,
-        max_new_tokens=max_new_tokens,
-        use_cache=use_cache,
+    result = distributed.call_sharded(
+        lambda tokens, lens: cached.generate(
+            model,
+            tokens,
+            lens,
+            denoise_config,
+            max_new_tokens=max_new_tokens,
+            use_cache=use_cache,
+        ),
+        mesh,
+        prompts[index],
+        lengths[index],
     )
-    tokens = distributed.gather(result.tokens)
-    commit_step = distributed.gather(result.commit_step)
-    trace_step = distributed.gather(result.trace_commit_step)
+    tokens = np.asarray(result.tokens)
+    commit_step = np.asarray(result.commit_step)
+    trace_step = np.asarray(result.trace_commit_step)
     real = min(batch_size, num - start)
     all_tokens.append(tokens[:real])
     all_steps.append(commit_step[:real])

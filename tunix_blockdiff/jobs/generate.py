@@ -11,7 +11,8 @@ Keys (omegaconf dotlist):
   threshold=0.9        confidence threshold
   steps_per_block=null static schedule (steps per block) instead
   temperature=0.0      0 is greedy; > 0 samples (with seed)
-  max_new_tokens=null  default: the task's longest answer + EOS
+  max_new_tokens=null  default: the run's own eval budget (longest eval
+                       completion, or the task's longest answer + EOS)
   seed=0               PRNG seed for sampling
   png=null             default: RUN_DIR/trajectory.png
   color=true           ANSI colours in the terminal output
@@ -69,11 +70,20 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
         f"{run_dir / common.RECIPE_FILE} not found: RUN_DIR must be the"
         " output_dir of a `tunix-blockdiff sft` run"
     )
+  return run_dir, parse_options(argv)
+
+
+def parse_options(overrides: Sequence[str]) -> omegaconf.DictConfig:
+  """The generate options (`DEFAULTS`) with `key=value` overrides applied.
+
+  Raises:
+    UsageError: An unknown option (with the nearest known one).
+  """
   options = omegaconf.OmegaConf.create(DEFAULTS)
   omegaconf.OmegaConf.set_struct(options, True)
   try:
-    options = omegaconf.OmegaConf.merge(
-        options, omegaconf.OmegaConf.from_dotlist(argv)
+    return omegaconf.OmegaConf.merge(
+        options, omegaconf.OmegaConf.from_dotlist(list(overrides))
     )
   except omegaconf.errors.ConfigKeyError as e:
     key = str(getattr(e, "full_key", "") or e)
@@ -82,7 +92,6 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
         + errors.nearest(key, DEFAULTS)
         + f"; known: {sorted(DEFAULTS)}"
     ) from None
-  return run_dir, options
 
 
 def load_trained_model(run_dir: pathlib.Path, cfg, mesh=None):
@@ -111,6 +120,21 @@ def load_trained_model(run_dir: pathlib.Path, cfg, mesh=None):
   return model, step
 
 
+def eval_budget(run_data) -> int | None:
+  """Tokens the run's SFT eval generated per prompt; None without eval rows.
+
+  The SFT job generates `max(completion tokens)` over its eval examples (the
+  completion includes EOS); a task that knows its longest answer gives that
+  plus EOS instead.
+  """
+  examples = run_data.eval
+  if examples is None or not len(examples):
+    return None
+  longest = max(examples[i].completion.size for i in range(len(examples)))
+  task_max = getattr(run_data.task, "max_answer_chars", None)
+  return longest if task_max is None else int(task_max) + 1
+
+
 def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
   """Generates and renders; returns what `generate.json` holds."""
   mesh = common.build_mesh(options.mesh)
@@ -124,9 +148,11 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
   diffusion = common.diffusion_config_from(cfg.diffusion)
   model, step = load_trained_model(run_dir, cfg, mesh)
 
-  task, encoded = None, None
-  if options.prompts is None:
-    # The run's held-out data: its task, or its dataset's eval split.
+  task, encoded, budget = None, None, None
+  run_data = None
+  if options.prompts is None or options.max_new_tokens is None:
+    # The run's held-out data (its task, or its dataset's eval split): the
+    # default prompts, and the eval budget the run itself generated with.
     run_data = sft_data.build_sft_data(
         cfg,
         tokenizer,
@@ -135,14 +161,14 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
         mask_token_id=diffusion.mask_token_id,
         train=False,
     )
+    budget = eval_budget(run_data)
+  if options.prompts is None:
     task = run_data.task
     pairs = run_data.eval_pairs[:4]
     prompts = [p for p, _ in pairs]
     answers = [a for _, a in pairs]
     examples = [run_data.eval[i] for i in range(len(pairs))]
     encoded = [list(ex.prompt) for ex in examples]
-    longest = max((ex.completion.size for ex in examples), default=0)
-    max_answer = getattr(task, "max_answer_chars", longest - 1) + 1
   else:
     prompts = [str(p) for p in options.prompts]
     answers = [None] * len(prompts)
@@ -160,9 +186,18 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
 
   max_new = options.max_new_tokens
   if max_new is None:
-    if task is None:
-      raise errors.UsageError("max_new_tokens is required with custom prompts")
-    max_new = max_answer
+    if budget is None:
+      raise errors.UsageError(
+          "pass max_new_tokens=N: the run's data has no eval split to take"
+          " its generation budget from"
+      )
+    max_new = budget
+    if options.prompts is not None and distributed.is_main_process():
+      print(
+          f"max_new_tokens={max_new}: the run's own eval budget (its longest"
+          " eval completion); pass max_new_tokens=N to change it",
+          file=sys.stderr,
+      )
   denoise_config = config_lib.DenoiseConfig(
       block_size=diffusion.block_size,
       mask_token_id=diffusion.mask_token_id,
@@ -175,28 +210,24 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
   )
   from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
 
-  batch = {"prompts": prompt_tokens, "lengths": lengths}
-  if mesh is not None:
-    # Prompts sharded over fsdp (each process places its rows), padded to a
-    # multiple of mesh.fsdp with copies of the last prompt.
-    num, fsdp = len(prompts), int(mesh.shape["fsdp"])
-    size = -(-num // fsdp) * fsdp
-    index = np.minimum(np.arange(size), num - 1)
-    lo, hi = distributed.process_rows(mesh, size)
-    batch = distributed.global_batch(
-        {k: v[index[lo:hi]] for k, v in batch.items()}, mesh, size
-    )
-  result = cached.generate(
-      model,
-      batch["prompts"],
-      batch["lengths"],
-      denoise_config,
-      max_new_tokens=int(max_new),
-      rng=jax.random.key(int(options.seed)),
+  # On a mesh the prompts are sharded over fsdp (padded to a multiple of it)
+  # and the results gathered, so every process holds every row.
+  result = distributed.call_sharded(
+      lambda tokens, lens: cached.generate(
+          model,
+          tokens,
+          lens,
+          denoise_config,
+          max_new_tokens=int(max_new),
+          rng=jax.random.key(int(options.seed)),
+      ),
+      mesh,
+      prompt_tokens,
+      lengths,
   )
-  tokens = distributed.gather(result.tokens)[: len(prompts)]
-  commit_step = distributed.gather(result.commit_step)[: len(prompts)]
-  logprobs = distributed.gather(result.logprobs)[: len(prompts)]
+  tokens = np.asarray(result.tokens)
+  commit_step = np.asarray(result.commit_step)
+  logprobs = np.asarray(result.logprobs)
   completions = [tokenizer.decode(row) for row in tokens]
   committed = int((commit_step >= 0).sum())
   # As in the SFT eval: a row takes part in every step until its last commit.
@@ -266,6 +297,10 @@ def main(argv: Sequence[str] | None = None) -> int:
   if argv and argv[0] in ("-h", "--help"):
     print(__doc__)
     return 0
+  from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+
+  if diffusion_gemma.handles_generate(argv):
+    return diffusion_gemma.generate_main(argv)
   run_dir, options = parse_args(argv)
   distributed.initialize(common.to_dict(options.distributed))
   output = run(run_dir, options)

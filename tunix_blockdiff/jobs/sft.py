@@ -207,6 +207,10 @@ def _check_cp_window(cfg, model) -> None:
 
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
+  from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+
+  if diffusion_gemma.is_recipe(cfg):
+    return diffusion_gemma.run_sft(cfg)
   mesh = common.build_mesh(cfg.get("mesh"))
   with common.mesh_scope(mesh):
     return _run(cfg, mesh)
