@@ -168,3 +168,24 @@ def test_bad_construction_raises():
       )
 
     engine_lib.BlockDiffusionRollout(model, NoMask(), block_size=4)
+
+
+def test_long_prompts_are_counted_once_per_call_not_logged_per_prompt(
+    caplog,
+):
+  engine = engine_lib.BlockDiffusionRollout(
+      rollout_actor=_engine().model(),
+      tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
+      rollout_config=ROLLOUT_CONFIG,
+      block_size=4,
+  )
+  with caplog.at_level("WARNING"):
+    tokens, lengths = engine.tokenize_prompts(
+        ["rev 1234567>", "rev 7654321>", "rev 1>"], 8
+    )
+    engine.tokenize_prompts(["rev 1234567>"], 8)
+  assert tokens.shape == (3, 8) and lengths.tolist() == [8, 8, 7]
+  assert engine.truncated_prompts == 3
+  warnings = [r for r in caplog.records if "truncated" in r.getMessage()]
+  assert len(warnings) == 2
+  assert "2 of 3 prompts" in warnings[0].getMessage()

@@ -26,8 +26,6 @@ from it.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import numbers
 from typing import Any, Iterator, Optional, Tuple
 
 from absl import logging
@@ -36,7 +34,6 @@ import jax
 import jaxtyping
 import numpy as np
 from tunix.generate import tokenizer_adapter
-from tunix.rl import reshard
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import config as config_lib
@@ -44,38 +41,17 @@ from tunix_blockdiff import distributed
 from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import output as output_lib
+from tunix_blockdiff.rollout import prompts as prompts_lib
+from tunix_blockdiff.rollout import sampling
+from tunix_blockdiff.rollout import weights
 
-# The output type lives in `rollout/output.py`; these names stay here too.
+# The engine's concepts live in their own modules: the output type
+# (`output.py`), prompt tokenisation (`prompts.py`), RolloutConfig ->
+# DenoiseConfig (`sampling.py`) and parameter updates (`weights.py`). These
+# names stay importable from here too.
 BlockDiffusionRolloutOutput = output_lib.BlockDiffusionRolloutOutput
 concat_outputs = output_lib.concat_outputs
-
-
-def _optional_positive_int(name: str, value) -> int | None:
-  if value is None:
-    return None
-  if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-    raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-  if value < 1:
-    raise ValueError(f"{name} must be >= 1, got {value}")
-  return int(value)
-
-
-def _default_mask_id(tokenizer) -> int | None:
-  for name in ("mask_id", "mask_token_id"):
-    try:
-      value = getattr(tokenizer, name)
-    except AttributeError:
-      continue
-    value = value() if callable(value) else value
-    if value is not None:
-      return int(value)
-  return None
-
-
-def prompt_mask_from_tokens(prompt_tokens, pad_id: int) -> np.ndarray:
-  """bool [B, P]: slots from each row's first non-pad token on (left pad)."""
-  tokens = np.asarray(prompt_tokens)
-  return np.cumsum(tokens != pad_id, axis=1) > 0
+prompt_mask_from_tokens = prompts_lib.prompt_mask_from_tokens
 
 
 class BlockDiffusionRollout(base_rollout.BaseRollout):
@@ -87,6 +63,8 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
 
   Attributes:
     mesh: The rollout mesh (reported to `RLCluster`).
+    truncated_prompts: Prompts longer than `max_prompt_length` so far (they
+      keep their last tokens).
   """
 
   def __init__(
@@ -138,8 +116,10 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
     self._model = rollout_actor
     self._tokenizer = tokenizer
     self.mesh = mesh
+    # Prompts cut to `max_prompt_length` over every `generate` call.
+    self.truncated_prompts = 0
     if mask_token_id is None:
-      mask_token_id = _default_mask_id(tokenizer)
+      mask_token_id = sampling.default_mask_id(tokenizer)
     if mask_token_id is None:
       raise ValueError(
           "mask_token_id is required: the tokenizer has no mask_id()/"
@@ -155,7 +135,7 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
         eos_token_id=int(tokenizer.eos_id()),
         pad_token_id=int(tokenizer.pad_id()),
     )
-    self._max_tokens = _optional_positive_int(
+    self._max_tokens = sampling.optional_positive_int(
         "max_tokens_to_generate", max_tokens_to_generate
     )
     self._use_cache = bool(use_cache)
@@ -172,30 +152,8 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
       self, rollout_config: base_rollout.RolloutConfig | None = None
   ) -> config_lib.DenoiseConfig:
     """The `DenoiseConfig` a `generate` call with `rollout_config` uses."""
-    rollout_config = rollout_config or self._train_rollout_config
-    if rollout_config is None:
-      return self._base_config
-    top_k = rollout_config.top_k
-    if top_k is not None and top_k <= 0:  # Tunix: -1 means "all tokens".
-      top_k = None
-    top_p = rollout_config.top_p
-    if top_p is not None and top_p >= 1.0:
-      top_p = None
-    eos = self._base_config.eos_token_id
-    if rollout_config.eos_tokens:
-      if len(rollout_config.eos_tokens) != 1:
-        raise ValueError(
-            "BlockDiffusionRollout supports one EOS token; got eos_tokens="
-            f"{rollout_config.eos_tokens}"
-        )
-      eos = int(rollout_config.eos_tokens[0])
-    temperature = float(rollout_config.temperature)
-    return dataclasses.replace(
-        self._base_config,
-        temperature=temperature,
-        top_k=top_k if temperature > 0 else None,
-        top_p=top_p if temperature > 0 else None,
-        eos_token_id=eos,
+    return sampling.denoise_config_for(
+        self._base_config, rollout_config or self._train_rollout_config
     )
 
   @property
@@ -216,30 +174,24 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
     """Left-padded prompt ids int32 [B, max_prompt_length] and lengths [B].
 
     BOS is prepended when the tokenizer has one (as Tunix's sampler does);
-    prompts longer than `max_prompt_length` keep their last tokens.
+    prompts longer than `max_prompt_length` keep their last tokens. They are
+    counted in `truncated_prompts`, with one warning per call that cuts any.
     """
-    bos = self._tokenizer.bos_id()
-    pad = self._tokenizer.pad_id()
-    rows = []
-    for text in prompts:
-      ids = list(self._tokenizer.encode(text))
-      if bos is not None and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-      if len(ids) > max_prompt_length:
-        logging.warning(
-            "Prompt of %d tokens truncated to max_prompt_length=%d",
-            len(ids),
-            max_prompt_length,
-        )
-        ids = ids[-max_prompt_length:]
-      rows.append(ids)
-    tokens = np.full((len(rows), max_prompt_length), pad, np.int32)
-    lengths = np.zeros((len(rows),), np.int32)
-    for b, ids in enumerate(rows):
-      if ids:
-        tokens[b, max_prompt_length - len(ids) :] = ids
-      lengths[b] = len(ids)
-    return tokens, lengths
+    encoded = prompts_lib.tokenize_prompts(
+        self._tokenizer, prompts, max_prompt_length
+    )
+    if encoded.truncated:
+      self.truncated_prompts += encoded.truncated
+      logging.warning(
+          "%d of %d prompts (longest %d tokens) truncated to"
+          " max_prompt_length=%d (%d so far)",
+          encoded.truncated,
+          len(prompts),
+          encoded.longest,
+          max_prompt_length,
+          self.truncated_prompts,
+      )
+    return encoded.tokens, encoded.lengths
 
   def _next_key(self, rollout_config: base_rollout.RolloutConfig) -> jax.Array:
     seed = rollout_config.seed
@@ -424,27 +376,7 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
         is resharded onto the rollout model's shardings and cast to its
         dtypes first.
     """
-    if filter_types is not None:
-      target = nnx.state(self._model, *filter_types)
-      shardings = [
-          getattr(x, "sharding", None) for x in jax.tree.leaves(target)
-      ]
-      if all(isinstance(s, jax.sharding.NamedSharding) for s in shardings):
-        params = reshard.reshard_pytree(params, target)
-      else:
-        # Tunix's resharding needs named shardings; plain placements move
-        # leaf by leaf.
-        params = jax.tree.map(
-            lambda new, old: jax.device_put(new, old.sharding), params, target
-        )
-      params = jax.tree.map(
-          lambda new, old: new.astype(old.dtype)
-          if hasattr(new, "astype") and new.dtype != old.dtype
-          else new,
-          params,
-          target,
-      )
-    nnx.update(self._model, params)
+    weights.update_params(self._model, params, filter_types)
 
   def pad_id(self) -> int:
     return int(self._tokenizer.pad_id())
