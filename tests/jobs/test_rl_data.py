@@ -124,6 +124,53 @@ def test_prompt_validator_counts_bos():
     validate("REV")
 
 
+def _prompt_set(train, held_out):
+  return rl_data.PromptSet(
+      train=[{"prompt": p, "answer": ""} for p in train],
+      held_out=[{"prompt": p, "answer": ""} for p in held_out],
+      source="test",
+      columns=("answer",),
+  )
+
+
+def test_prompt_width_is_sized_from_the_rows_when_null(capsys):
+  cfg = omegaconf.OmegaConf.create({"rollout": {"max_prompt_length": None}})
+  prompts = _prompt_set(["rev 1>", "rev 12345>"], ["rev 123>"])
+  limit, counts = rl_data.size_prompts(
+      cfg, tasks.CharTokenizer(), prompts, job="rl"
+  )
+  assert limit == 11  # "rev 12345>" + BOS
+  assert counts == {
+      "max_prompt_length": 11,
+      "longest_prompt": 11,
+      "truncated_train": 0,
+      "truncated_held_out": 0,
+  }
+  assert capsys.readouterr().err == ""
+  # null also lets the dataset validator accept any length.
+  rl_data.prompt_validator(tasks.CharTokenizer(), None)("rev " + "1" * 50)
+
+
+def test_a_set_prompt_width_counts_truncations_and_says_so_once(capsys):
+  cfg = omegaconf.OmegaConf.create({"rollout": {"max_prompt_length": 8}})
+  prompts = _prompt_set(
+      ["rev 1>", "rev 12345>", "rev 123456>"], ["rev 1234>", "rev 2>"]
+  )
+  limit, counts = rl_data.size_prompts(
+      cfg, tasks.CharTokenizer(), prompts, job="opd"
+  )
+  assert limit == 8
+  assert counts["truncated_train"] == 2 and counts["truncated_held_out"] == 1
+  assert counts["longest_prompt"] == 12
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1
+  assert err.startswith("opd: 2 of 3 training and 1 of 2 held-out prompts")
+  assert "rollout.max_prompt_length=8" in err
+  cfg.rollout.max_prompt_length = 0
+  with pytest.raises(ValueError, match=">= 1 or null"):
+    rl_data.size_prompts(cfg, tasks.CharTokenizer(), prompts, job="opd")
+
+
 def test_prompt_batches_keep_one_value_per_row():
   rows = [
       {"prompt": f"p{i}", "answer": str(i), "meta": {"id": i}} for i in range(5)

@@ -167,6 +167,9 @@ def run(cfg) -> dict[str, Any]:
       num_held_out=int(cfg.eval.num_prompts),
       seed=int(cfg.seed) + 2000,
   )
+  cfg.rollout.max_prompt_length, prompt_truncation = rl_data.size_prompts(
+      cfg, tokenizer, prompts, job="opd"
+  )
   held_out = prompts.held_out
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
   teacher_pairs = rl_data.prompt_pairs(prompts.train[:num_teacher])
@@ -258,6 +261,7 @@ def run(cfg) -> dict[str, Any]:
       else np.zeros((0,))
   )
   summary = {
+      "prompt_truncation": prompt_truncation,
       "student_exact_match_start": start["exact_match"],
       "student_exact_match_end": end["exact_match"],
       "divergence_start": start["divergence"],

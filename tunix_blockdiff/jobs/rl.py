@@ -115,6 +115,9 @@ def run(cfg) -> dict[str, Any]:
       num_held_out=int(cfg.eval.num_prompts),
       seed=int(cfg.seed) + 1000,
   )
+  cfg.rollout.max_prompt_length, prompt_truncation = rl_data.size_prompts(
+      cfg, tokenizer, prompts, job="rl"
+  )
   held_out = prompts.held_out
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
@@ -212,6 +215,7 @@ def run(cfg) -> dict[str, Any]:
   ]
   window = max(1, len(batch_rewards) // 10)
   summary = {
+      "prompt_truncation": prompt_truncation,
       "reward_start": start["sampled"],
       "reward_end": end["sampled"],
       "greedy_exact_match_start": start["greedy"],

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.data import sources as sources_lib
@@ -258,18 +259,25 @@ def dataset_prompts(
   )
 
 
+def prompt_length(tokenizer, prompt: str) -> int:
+  """Tokens the rollout encodes for `prompt`: BOS (if any) + its ids."""
+  bos = 1 if tokenizer.bos_id() is not None else 0
+  return len(tokenizer.encode(prompt)) + bos
+
+
 def prompt_validator(
-    tokenizer, max_prompt_length: int
+    tokenizer, max_prompt_length: int | None
 ) -> Callable[[str], None]:
   """Raises ValueError for prompts the tokenizer rejects or that are too long.
 
   The count includes BOS when the tokenizer has one, as the rollout encodes.
+  With `max_prompt_length=None` (sized from the rows later) only the
+  tokenizer checks apply.
   """
-  bos = 1 if tokenizer.bos_id() is not None else 0
 
   def validate(prompt: str) -> None:
-    length = len(tokenizer.encode(prompt)) + bos
-    if length > max_prompt_length:
+    length = prompt_length(tokenizer, prompt)
+    if max_prompt_length is not None and length > max_prompt_length:
       raise errors.UsageError(
           f"prompt of {length} tokens exceeds rollout.max_prompt_length="
           f"{max_prompt_length}"
@@ -318,9 +326,65 @@ def recipe_prompts(
       num_held_out=num_held_out,
       need_answer=not cfg.get("reward"),
       validate_prompt=prompt_validator(
-          tokenizer, int(cfg.rollout.max_prompt_length)
+          tokenizer, _optional_int(cfg.rollout.get("max_prompt_length"))
       ),
   )
+
+
+def _optional_int(value) -> int | None:
+  return None if value is None else int(value)
+
+
+def size_prompts(
+    cfg, tokenizer, prompts: PromptSet, *, job: str
+) -> tuple[int, dict[str, int]]:
+  """The rollouts' prompt width, and how many prompts it truncates.
+
+  `rollout.max_prompt_length: null` sizes the width from the rows (the
+  longest training or held-out prompt, BOS included), so nothing is cut.
+  A set width that some prompts exceed keeps their last tokens, as the
+  rollout engine does; the counts are printed once here and go to
+  `summary.json` (`prompt_truncation`), instead of a log line per prompt.
+
+  Args:
+    cfg: The rl/opd recipe (`rollout.max_prompt_length`).
+    tokenizer: The policy's tokenizer.
+    prompts: The job's prompt rows.
+    job: `rl` or `opd`, for the printed line.
+
+  Returns:
+    (max_prompt_length, {"max_prompt_length", "longest_prompt",
+    "truncated_train", "truncated_held_out"}).
+  """
+  lengths = {}
+  for name, rows in (("train", prompts.train), ("held_out", prompts.held_out)):
+    lengths[name] = [prompt_length(tokenizer, r["prompt"]) for r in rows]
+  longest = max((max(v, default=0) for v in lengths.values()), default=0)
+  limit = _optional_int(cfg.rollout.get("max_prompt_length"))
+  if limit is None:
+    limit = max(longest, 1)
+  elif limit < 1:
+    raise errors.UsageError(
+        f"rollout.max_prompt_length must be >= 1 or null, got {limit}"
+    )
+  counts = {
+      "max_prompt_length": limit,
+      "longest_prompt": longest,
+      "truncated_train": sum(n > limit for n in lengths["train"]),
+      "truncated_held_out": sum(n > limit for n in lengths["held_out"]),
+  }
+  truncated = counts["truncated_train"] or counts["truncated_held_out"]
+  if truncated and distributed.is_main_process():
+    print(
+        f"{job}: {counts['truncated_train']} of {len(lengths['train'])}"
+        f" training and {counts['truncated_held_out']} of"
+        f" {len(lengths['held_out'])} held-out prompts are longer than"
+        f" rollout.max_prompt_length={limit} (longest {longest} tokens) and"
+        f" keep their last {limit} tokens; rollout.max_prompt_length=null"
+        " sizes it from the prompts",
+        file=sys.stderr,
+    )
+  return limit, counts
 
 
 __all__ = [
@@ -329,9 +393,11 @@ __all__ = [
     "cycle_rows",
     "dataset_prompts",
     "prompt_batches",
+    "prompt_length",
     "prompt_pairs",
     "prompt_validator",
     "read_prompt_rows",
     "recipe_prompts",
+    "size_prompts",
     "task_prompts",
 ]
