@@ -89,3 +89,48 @@ def test_errors_name_the_file_and_what_is_allowed(tmp_path):
   source = sources.open_source(str(bad))
   with pytest.raises(sources.RowError, match=rf"{bad}:2: not valid JSON"):
     source[1]
+
+
+def test_a_format_that_contradicts_the_content_is_one_line(tmp_path):
+  jsonl = _write_jsonl(tmp_path / "rows.jsonl", ROWS)
+  parquet = _write_parquet(tmp_path / "rows.parquet", ROWS)
+  assert sources.sniff_format(str(jsonl)) == "jsonl"
+  assert sources.sniff_format(str(parquet)) == "parquet"
+  assert sources.sniff_format(str(tmp_path)) == "hf_disk"
+  for path, forced, found in [
+      (jsonl, "parquet", "jsonl"),
+      (parquet, "jsonl", "parquet"),
+  ]:
+    with pytest.raises(errors.UsageError) as e:
+      sources.open_source(str(path), format=forced)
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: dataset.format is {forced!r}")
+    assert f"looks like {found}" in message
+  with pytest.raises(errors.UsageError, match="looks like jsonl"):
+    sources.open_source(str(jsonl), format="hf_disk")
+  # Content that shows no format: still one line.
+  text = tmp_path / "notes.parquet"
+  text.write_text("hello\n")
+  with pytest.raises(errors.UsageError, match="not a readable parquet file"):
+    sources.open_source(str(text))
+  with pytest.raises(errors.UsageError, match="is a directory written by"):
+    sources.open_source(str(text), format="hf_disk")
+
+
+def test_sft_with_a_contradicting_format_exits_2_naming_the_file(
+    tmp_path, capsys
+):
+  from tunix_blockdiff import cli  # pylint: disable=g-import-not-at-top
+
+  train = _write_jsonl(
+      tmp_path / "train.jsonl", [{"prompt": "rev 1>", "completion": "1"}]
+  )
+  code = cli.main([
+      "sft", f"output_dir={tmp_path / 'run'}", f"dataset.train={train}",
+      "dataset.format=parquet",
+  ])
+  err = capsys.readouterr().err
+  assert code == 2
+  assert err.count("\n") == 1 and "Traceback" not in err
+  assert str(train) in err and "looks like jsonl" in err

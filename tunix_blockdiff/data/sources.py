@@ -80,6 +80,50 @@ def detect_format(path: str, format: str = "auto") -> str:  # pylint: disable=re
   return _EXTENSIONS[suffix]
 
 
+def sniff_format(path: str) -> str | None:
+  """The format `path`'s content shows, or None when it is not clear.
+
+  A directory is `hf_disk`; a file starting with parquet's magic `PAR1` is
+  `parquet`; one whose first non-blank byte opens a JSON value (`{`, `[`,
+  `"`) is `jsonl`.
+  """
+  if os.path.isdir(path):
+    return "hf_disk"
+  try:
+    with open(path, "rb") as f:
+      head = f.read(4096)
+  except OSError:
+    return None
+  if head.startswith(b"PAR1"):
+    return "parquet"
+  stripped = head.lstrip()
+  if stripped[:1] in (b"{", b"[", b'"'):
+    return "jsonl"
+  return None
+
+
+def check_format(path: str, format: str) -> None:  # pylint: disable=redefined-builtin
+  """Raises a one-line UsageError when `path`'s content is not `format`."""
+  found = sniff_format(path)
+  if found is not None and found != format:
+    raise errors.UsageError(
+        f"{path}: dataset.format is {format!r}, but the file looks like"
+        f" {found} ({_EVIDENCE[found]}); set dataset.format={found} or auto"
+    )
+  if format == "hf_disk" and not os.path.isdir(path):
+    raise errors.UsageError(
+        f"{path}: dataset.format is 'hf_disk', which is a directory written by"
+        " datasets' save_to_disk, but this is a file"
+    )
+
+
+_EVIDENCE = {
+    "hf_disk": "a directory",
+    "parquet": "it starts with parquet's magic bytes PAR1",
+    "jsonl": "its first character opens a JSON value",
+}
+
+
 _BLANK = np.zeros(256, bool)
 _BLANK[list(b" \t\r\n\v\f")] = True
 
@@ -155,7 +199,13 @@ class ParquetSource:
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
 
     self.path = path
-    metadata = pq.ParquetFile(path).metadata
+    try:
+      metadata = pq.ParquetFile(path).metadata
+    except Exception as e:  # pyarrow.ArrowInvalid and friends.
+      first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+      raise errors.UsageError(
+          f"{path}: not a readable parquet file ({type(e).__name__}: {first})"
+      ) from None
     sizes = [
         metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)
     ]
@@ -225,6 +275,11 @@ class ConcatSource:
     return self.sources[source][index - self._starts[source]]
 
 
+def _open_one(path: str, format: str):  # pylint: disable=redefined-builtin
+  check_format(path, format)
+  return _SOURCES[format](path)
+
+
 def open_source(
     paths: str | os.PathLike | Sequence[Any],
     *,
@@ -241,7 +296,7 @@ def open_source(
     A `ConcatSource`; item i is `(location, row)`.
   """
   return ConcatSource(
-      [_SOURCES[detect_format(p, format)](p) for p in resolve_paths(paths)]
+      [_open_one(p, detect_format(p, format)) for p in resolve_paths(paths)]
   )
 
 
@@ -271,7 +326,9 @@ __all__ = [
     "JsonlSource",
     "ParquetSource",
     "RowError",
+    "check_format",
     "detect_format",
+    "sniff_format",
     "open_source",
     "read_rows",
     "resolve_paths",
