@@ -125,3 +125,41 @@ def test_ar_warm_start_grpo_and_report(bench, tmp_path):
   png = bench.plot(tmp_path / "f.png", {"ar": row}, "t")
   assert png.stat().st_size > 0
   assert np.isfinite(row["rl_seconds"])
+
+
+def _row(start, end, tokens=100):
+  return {
+      "greedy_exact_match_start": start,
+      "greedy_exact_match_end": end,
+      "rollout_tokens": tokens,
+  }
+
+
+def test_target_needs_a_positive_gain_beyond_one_standard_error(bench):
+  se = bench.gain_standard_error(0.5, 0.6, 100)
+  np.testing.assert_allclose(se, np.sqrt((0.25 + 0.24) / 100))
+  with pytest.raises(ValueError, match="num_prompts"):
+    bench.gain_standard_error(0.5, 0.5, 0)
+  cases = {
+      # Both lose, block diffusion less: not a success any more.
+      "both_lose": (_row(0.5, 0.45), _row(0.5, 0.30), False),
+      # A gain within one standard error (128 prompts: se ~ 0.06).
+      "within_noise": (_row(0.5, 0.53), _row(0.5, 0.50), False),
+      # A clear gain, at least AR's.
+      "clear_gain": (_row(0.3, 0.6), _row(0.3, 0.4), True),
+      # A clear gain below AR's.
+      "below_ar": (_row(0.3, 0.5), _row(0.3, 0.7), False),
+  }
+  for name, (bd, ar, met) in cases.items():
+    results = {"bd_exact": dict(bd), "ar": dict(ar)}
+    bench.add_gains(results, 128)
+    verdict = bench.verdict(results)["bd_exact"]
+    assert verdict["target_met"] is met, name
+    assert verdict["gain_se"] == results["bd_exact"]["exact_match_gain_se"]
+    assert verdict["ar_gain_se"] > 0
+  results = {"bd_exact": _row(0.3, 0.6), "ar": _row(0.3, 0.4)}
+  for r in results.values():
+    r.update(reward_start=0.0, reward_end=0.0, rollout_model_calls=1,
+             rollout_row_calls=1, groups_with_signal=0.0, rl_seconds=1.0)
+  bench.add_gains(results, 128)
+  assert "+0.300 ± 0.059" in bench.table(results)
