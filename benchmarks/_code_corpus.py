@@ -30,6 +30,14 @@ def stdlib_root() -> pathlib.Path:
   return pathlib.Path(sysconfig.get_paths()["stdlib"])
 
 
+def corpus_name(root: str | pathlib.Path | None = None) -> str:
+  """What to call the corpus in titles: `stdlib`, or the root's own name."""
+  if root is None:
+    return "stdlib"
+  root = pathlib.Path(root).expanduser().resolve()
+  return "stdlib" if root == stdlib_root().resolve() else (root.name or str(root))
+
+
 def modules(root: pathlib.Path | None = None) -> dict[str, list[pathlib.Path]]:
   """Top-level module name -> its `*.py` files (sorted), tests skipped."""
   root = pathlib.Path(root) if root is not None else stdlib_root()

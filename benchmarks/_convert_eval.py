@@ -252,6 +252,13 @@ def table(summary: dict) -> str:
   return "\n".join(lines)
 
 
+def figure_title(summary: dict) -> str:
+  """The figure's title, naming the corpus the run used (`summary["corpus"]`)."""
+  corpus = (summary.get("corpus") or {}).get("name")
+  where = f"{corpus} held-out modules" if corpus else "held-out modules"
+  return f"{where}: converted vs AR"
+
+
 def plot(path, summary: dict) -> None:
   """Edit similarity against tokens per call; the AR point is a star."""
   import matplotlib  # pylint: disable=g-import-not-at-top
@@ -306,7 +313,7 @@ def plot(path, summary: dict) -> None:
   ax.axvline(TARGET_TOKENS_PER_CALL, color="gray", ls="-.", lw=1)
   ax.set_xlabel("committed tokens per model call")
   ax.set_ylabel("edit similarity, first 64 tokens")
-  ax.set_title("stdlib held-out modules: converted vs AR", fontsize=10)
+  ax.set_title(figure_title(summary), fontsize=10)
   ax.grid(alpha=0.3)
   ax.legend(fontsize=7)
   fig.tight_layout()

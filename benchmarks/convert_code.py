@@ -322,6 +322,14 @@ def main(argv=None) -> int:
       results,
       sizes=dataclasses.asdict(sizes),
       pretraining=pretraining,
+      corpus={
+          "name": _code_corpus.corpus_name(args.stdlib),
+          "root": str(
+              pathlib.Path(args.stdlib).expanduser().resolve()
+              if args.stdlib
+              else _code_corpus.stdlib_root()
+          ),
+      },
       modules={"train": train_mods, "eval": eval_mods},
       rows={k: len(v) for k, v in rows.items()},
       seconds=time.perf_counter() - clock,

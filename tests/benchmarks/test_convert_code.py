@@ -81,6 +81,12 @@ def corpus(tmp_path_factory):
   return root
 
 
+def test_corpus_name_is_stdlib_only_for_the_stdlib(tmp_path):
+  assert _code_corpus.corpus_name(None) == "stdlib"
+  assert _code_corpus.corpus_name(_code_corpus.stdlib_root()) == "stdlib"
+  assert _code_corpus.corpus_name(tmp_path / "mylib") == "mylib"
+
+
 def test_pieces_end_to_end(corpus, tmp_path):
   sizes = convert_code.QUICK
   groups = _code_corpus.modules(corpus)
@@ -217,3 +223,11 @@ def test_pieces_end_to_end(corpus, tmp_path):
   assert "steps_per_block 2" in _convert_eval.table(summary)
   _convert_eval.plot(tmp_path / "fig.png", summary)
   assert (tmp_path / "fig.png").stat().st_size > 1000
+  # The title names the corpus the run used, not always the stdlib.
+  assert _convert_eval.figure_title(summary) == (
+      "held-out modules: converted vs AR"
+  )
+  summary["corpus"] = {"name": "mylib", "root": "/src/mylib"}
+  assert _convert_eval.figure_title(summary) == (
+      "mylib held-out modules: converted vs AR"
+  )
