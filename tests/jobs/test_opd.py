@@ -2,13 +2,12 @@
 
 import json
 
-from flax import nnx
 import omegaconf
-from tunix.sft import checkpoint_manager
 
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import opd
 
+# The AR teacher's size (the student is conftest's `untrained_policy`).
 TINY_MODEL = {
     "num_layers": 1,
     "embed_dim": 16,
@@ -19,28 +18,10 @@ TINY_MODEL = {
 }
 
 
-def _student_checkpoint(directory):
-  """An SFT output_dir (recipe.yaml + checkpoints/) of an untrained student."""
-  cfg = common.load_recipe([
-      "tiny.yaml",
-      "task.kwargs.min_digits=2",
-      "task.kwargs.max_digits=3",
-      "task.num_eval=8",
-      "data.seq_len=14",
-      "diffusion.block_size=4",
-      *[f"model.{k}={v}" for k, v in TINY_MODEL.items()],
-      f"output_dir={directory}",
-  ])
-  out = common.prepare_output_dir(cfg)
-  model = common.build_model(cfg.model, seed=int(cfg.seed))
-  manager = checkpoint_manager.CheckpointManager(str(out / "checkpoints"))
-  manager.save(1, model, force=True)
-  manager.close()
-  return out, nnx.state(model, nnx.Param)
-
-
-def test_opd_command_writes_a_valid_summary_and_figure(tmp_path):
-  student_dir, _ = _student_checkpoint(tmp_path / "student")
+def test_opd_command_writes_a_valid_summary_and_figure(
+    untrained_policy, tmp_path
+):
+  student_dir = untrained_policy
   cfg = omegaconf.OmegaConf.load(common.recipe_path("opd_tiny.yaml"))
   cfg.output_dir = str(tmp_path / "run")
   recipe = tmp_path / "opd.yaml"

@@ -10,10 +10,8 @@ import json
 
 import jax
 import pytest
-from tunix.sft import checkpoint_manager
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import launch
 from tunix_blockdiff.jobs import rl_common
 
@@ -61,26 +59,10 @@ OPD = [
 TIMES = ("seconds", "rl_seconds", "opd_seconds", "teacher_seconds")
 
 
-@pytest.fixture(scope="module")
-def policy(tmp_path_factory):
-  """An SFT output_dir (recipe + checkpoint) of an untrained tiny policy."""
-  directory = tmp_path_factory.mktemp("policy")
-  cfg = common.load_recipe([
-      "tiny.yaml",
-      "task.kwargs.min_digits=2",
-      "task.kwargs.max_digits=3",
-      "task.num_eval=8",
-      "data.seq_len=14",
-      "diffusion.block_size=4",
-      *[f"model.{k}={v}" for k, v in TINY_MODEL.items()],
-      f"output_dir={directory}",
-  ])
-  out = common.prepare_output_dir(cfg)
-  model = common.build_model(cfg.model, seed=int(cfg.seed))
-  manager = checkpoint_manager.CheckpointManager(str(out / "checkpoints"))
-  manager.save(1, model, force=True)
-  manager.close()
-  return out
+@pytest.fixture(name="policy")
+def _policy(untrained_policy):
+  """conftest's untrained tiny policy (an SFT output_dir)."""
+  return untrained_policy
 
 
 @pytest.fixture
