@@ -26,12 +26,24 @@ def _dtype(name: str):
   return jnp.dtype(name)
 
 
-def _linear(n_in: int, n_out: int, cfg, rngs: nnx.Rngs) -> nnx.Linear:
+# Partition specs over the ("fsdp", "sp", "tp") mesh of `distributed`:
+# widening projections shard (model width, output) over (fsdp, tp), narrowing
+# ones the transpose; experts shard over fsdp (expert parallel) and their
+# hidden width over tp; vectors are replicated.
+UP = ("fsdp", "tp")
+DOWN = ("tp", "fsdp")
+REPLICATED = (None,)
+
+
+def _linear(n_in: int, n_out: int, cfg, rngs: nnx.Rngs,
+            sharding=UP) -> nnx.Linear:
   return nnx.Linear(
       n_in,
       n_out,
       use_bias=False,
-      kernel_init=nnx.initializers.variance_scaling(1.0, "fan_in", "normal"),
+      kernel_init=nnx.with_partitioning(
+          nnx.initializers.variance_scaling(1.0, "fan_in", "normal"),
+          sharding),
       dtype=_dtype(cfg.dtype),
       param_dtype=_dtype(cfg.param_dtype),
       rngs=rngs,
@@ -44,7 +56,8 @@ class RMSNorm(nnx.Module):
   def __init__(self, dim: int, cfg, *, with_scale: bool = True):
     self.eps = cfg.rms_norm_eps
     self.scale = (
-        nnx.Param(jnp.ones((dim,), _dtype(cfg.param_dtype)))
+        nnx.Param(jnp.ones((dim,), _dtype(cfg.param_dtype)),
+                  sharding=REPLICATED)
         if with_scale else None
     )
 
@@ -75,7 +88,7 @@ class Attention(nnx.Module):
         _linear(d, self.num_kv * self.head_dim, cfg, rngs)
         if self.sliding else None
     )
-    self.o_proj = _linear(cfg.num_heads * self.head_dim, d, cfg, rngs)
+    self.o_proj = _linear(cfg.num_heads * self.head_dim, d, cfg, rngs, DOWN)
     self.q_norm = RMSNorm(self.head_dim, cfg)
     self.k_norm = RMSNorm(self.head_dim, cfg)
     self.v_norm = RMSNorm(self.head_dim, cfg, with_scale=False)
@@ -132,7 +145,7 @@ class MLP(nnx.Module):
   def __init__(self, d: int, hidden: int, cfg, rngs: nnx.Rngs):
     self.gate_proj = _linear(d, hidden, cfg, rngs)
     self.up_proj = _linear(d, hidden, cfg, rngs)
-    self.down_proj = _linear(hidden, d, cfg, rngs)
+    self.down_proj = _linear(hidden, d, cfg, rngs, DOWN)
 
   def __call__(self, x: jax.Array) -> jax.Array:
     return self.down_proj(
@@ -153,15 +166,18 @@ class MoE(nnx.Module):
     d, e, h = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     self.top_k = cfg.top_k_experts
     self.router_norm = RMSNorm(d, cfg, with_scale=False)
-    self.router_proj = _linear(d, e, cfg, rngs)
+    self.router_proj = _linear(d, e, cfg, rngs, ("fsdp", None))
     pd = _dtype(cfg.param_dtype)
-    self.router_scale = nnx.Param(jnp.ones((d,), pd))
-    self.per_expert_scale = nnx.Param(jnp.ones((e,), pd))
+    self.router_scale = nnx.Param(jnp.ones((d,), pd), sharding=REPLICATED)
+    self.per_expert_scale = nnx.Param(jnp.ones((e,), pd),
+                                      sharding=REPLICATED)
     init = nnx.initializers.variance_scaling(1.0, "fan_in", "normal",
                                              in_axis=1, out_axis=2)
     # [E, D, 2H]: gate columns then up columns; [E, H, D].
-    self.gate_up = nnx.Param(init(rngs.params(), (e, d, 2 * h), pd))
-    self.down = nnx.Param(init(rngs.params(), (e, h, d), pd))
+    self.gate_up = nnx.Param(init(rngs.params(), (e, d, 2 * h), pd),
+                             sharding=("fsdp", None, "tp"))
+    self.down = nnx.Param(init(rngs.params(), (e, h, d), pd),
+                          sharding=("fsdp", "tp", None))
     self.dtype = _dtype(cfg.dtype)
 
   def route(self, residual: jax.Array):
@@ -220,8 +236,8 @@ class Layer(nnx.Module):
     else:
       self.moe = None
     pd = _dtype(cfg.param_dtype)
-    self.encoder_scalar = nnx.Param(jnp.ones((1,), pd))
-    self.decoder_scalar = nnx.Param(jnp.ones((1,), pd))
+    self.encoder_scalar = nnx.Param(jnp.ones((1,), pd), sharding=REPLICATED)
+    self.decoder_scalar = nnx.Param(jnp.ones((1,), pd), sharding=REPLICATED)
 
   def __call__(self, x, positions, mask, context_k=None, context_v=None, *,
                decoder: bool, write_at=None):

@@ -61,7 +61,7 @@ class DiffusionGemma(nnx.Module):
     self.embedding = nnx.Param(
         nnx.initializers.normal(d ** -0.5)(
             rngs.params(), (config.vocab_size, d),
-            jnp.dtype(config.param_dtype)))
+            jnp.dtype(config.param_dtype)), sharding=("tp", "fsdp"))
     self.layers = nnx.List(
         [layers_lib.Layer(config, i, rngs) for i in range(config.num_layers)])
     self.norm = layers_lib.RMSNorm(d, config)

@@ -1,0 +1,471 @@
+"""DiffusionGemma in the `tunix-blockdiff` jobs: `sft` and `generate`.
+
+`tunix-blockdiff sft diffusion_gemma_tiny.yaml` trains a DiffusionGemma
+(`model.kind: tiny_diffusion_gemma` from scratch, or `diffusion_gemma_hf`
+with `model.path` an HF checkpoint directory) on the DiffusionGemma
+objective (`objective.diffusion_gemma`) with `DiffusionGemmaTrainer`
+(Orbax checkpoints, exact resume, LoRA), then samples every held-out prompt
+with the entropy-bound sampler and reports exact match and forward passes
+per token. `sft` and `generate` hand a recipe or directory of this family
+to this module.
+
+`tunix-blockdiff generate RUN_OR_HF_DIR [key=value ...]` samples from a
+DiffusionGemma run directory (its recipe and latest checkpoint) or from an
+HF DiffusionGemma directory alone (its tokenizer, chat template and
+`generation_config.json` sampler defaults), colours each token by the step
+that last changed it, and writes `generate.json`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+from typing import Any, Sequence
+
+from flax import nnx
+import jax
+import numpy as np
+import omegaconf
+from tunix.sft import checkpoint_manager as checkpoint_lib
+
+from tunix_blockdiff import data as data_lib
+from tunix_blockdiff import distributed
+from tunix_blockdiff import errors
+from tunix_blockdiff import trainer as trainer_lib
+from tunix_blockdiff import trajectory
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import sft_data as sft_data_lib
+from tunix_blockdiff.models import checkpoints
+from tunix_blockdiff.models import diffusion_gemma as dg
+from tunix_blockdiff.objective import diffusion_gemma as dg_objective
+from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
+
+KINDS = ("tiny_diffusion_gemma", "diffusion_gemma_hf")
+_TINY_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads",
+              "num_kv_heads", "head_dim", "global_num_kv_heads",
+              "global_head_dim", "sliding_window", "canvas_length")
+_SAMPLER_KEYS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max",
+                 "stability_threshold", "confidence_threshold")
+FIGURE_FILE = "sft.png"
+OUTPUT_FILE = "generate.json"
+TRAJECTORY_FILE = "trajectory.png"
+
+
+def is_recipe(cfg) -> bool:
+  """Whether a recipe's model is a DiffusionGemma."""
+  model = cfg.get("model")
+  return model is not None and model.get("kind") in KINDS
+
+
+def is_hf_dir(path: str | pathlib.Path) -> bool:
+  """Whether `path` is an HF DiffusionGemma checkpoint directory."""
+  config = pathlib.Path(path).expanduser() / "config.json"
+  if not config.is_file():
+    return False
+  try:
+    return json.loads(config.read_text()).get("model_type") == (
+        "diffusion_gemma")
+  except json.JSONDecodeError:
+    return False
+
+
+def build_model(model_cfg, *, seed: int):
+  """(model, sampler defaults or None) of a recipe's `model` section."""
+  kind = model_cfg.kind
+  if kind == "diffusion_gemma_hf":
+    if not model_cfg.get("path"):
+      raise errors.UsageError(
+          "model.kind=diffusion_gemma_hf needs model.path (an HF dir)")
+    try:
+      model, sampler, _ = dg.load(model_cfg.path, dtype=model_cfg.dtype,
+                                  param_dtype=model_cfg.get("param_dtype"))
+    except FileNotFoundError as e:
+      raise errors.MissingFileError(str(e)) from None
+    except ValueError as e:
+      raise errors.UsageError(f"model.path={model_cfg.path}: {e}") from None
+    return model, sampler
+  try:
+    sizes = {k: int(model_cfg[k]) for k in _TINY_KEYS}
+    moe = model_cfg.get("num_experts")
+    config = dg.DiffusionGemmaConfig(
+        layer_types=tuple(model_cfg.layer_types),
+        num_experts=None if moe is None else int(moe),
+        top_k_experts=(None if moe is None
+                       else int(model_cfg.top_k_experts)),
+        moe_intermediate_size=(None if moe is None
+                               else int(model_cfg.moe_intermediate_size)),
+        final_logit_softcap=float(model_cfg.final_logit_softcap),
+        dtype=model_cfg.dtype,
+        **sizes,
+    )
+  except (TypeError, ValueError) as e:
+    raise errors.UsageError(f"recipe section model: {e}") from None
+  return dg.DiffusionGemma(config, rngs=nnx.Rngs(seed)), None
+
+
+def sampler_config(sampler_cfg, defaults, tokenizer) -> dg.SamplerConfig:
+  """Recipe/option sampler keys over the checkpoint's (or reference) defaults.
+
+  EOS and pad come from the tokenizer.
+  """
+  base = defaults or dg.SamplerConfig()
+  values = dict(base.__dict__)
+  for key in _SAMPLER_KEYS:
+    value = None if sampler_cfg is None else sampler_cfg.get(key)
+    if value is not None:
+      values[key] = type(values[key])(value)
+  values["eos_token_id"] = tokenizer.eos_id()
+  values["pad_token_id"] = tokenizer.pad_id()
+  try:
+    return dg.SamplerConfig(**values)
+  except ValueError as e:
+    raise errors.UsageError(f"sampler: {e}") from None
+
+
+def evaluate(model, examples, pairs, task, tokenizer, config, *,
+             max_new_tokens: int, batch_size: int, seed: int):
+  """Samples every example's completion; exact match and forward passes.
+
+  Returns:
+    dict(exact_match, tokens_per_forward, forward_passes_per_token,
+    completions, seconds, tokens [N, T], changed_at [N, T]).
+  """
+  clock = common.Stopwatch()
+  sampler = dg_rollout.DiffusionGemmaSampler(model, config)
+  prompts, lengths = data_lib.left_padded_prompts(examples,
+                                                  tokenizer.pad_id())
+  num = len(examples)
+  tokens, changed, completions = [], [], []
+  kept = passes = 0
+  for start in range(0, num, batch_size):
+    index = np.minimum(np.arange(start, start + batch_size), num - 1)
+    result = sampler.generate(prompts[index], lengths[index],
+                              max_new_tokens=max_new_tokens,
+                              rng=jax.random.key(seed + start))
+    real = min(batch_size, num - start)
+    tokens.append(result.tokens[:real])
+    changed.append(result.changed_at[:real])
+    kept += int((result.tokens[:real] != config.pad_token_id).sum())
+    passes += int(result.forward_passes[:real].sum())
+    completions += [tokenizer.decode(row) for row in result.tokens[:real]]
+  correct = [task.check(p, c, a) if task is not None else c == a
+             for (p, a), c in zip(pairs, completions)]
+  return dict(
+      exact_match=float(np.mean(correct)),
+      tokens_per_forward=kept / max(passes, 1),
+      forward_passes_per_token=passes / max(kept, 1),
+      completions=completions,
+      seconds=clock(),
+      tokens=np.concatenate(tokens),
+      changed_at=np.concatenate(changed),
+  )
+
+
+def _objective(cfg, model, tokenizer) -> dg_objective.DiffusionGemmaObjective:
+  section = cfg.objective
+  try:
+    return dg_objective.DiffusionGemmaObjective(
+        canvas_length=model.config.canvas_length,
+        vocab_size=model.config.vocab_size,
+        min_noise=float(section.min_noise),
+        self_conditioning_prob=float(section.self_conditioning_prob),
+        fill_id=tokenizer.pad_id(),
+    )
+  except ValueError as e:
+    raise errors.UsageError(f"recipe section objective: {e}") from None
+
+
+def run_sft(cfg) -> dict[str, Any]:
+  """The DiffusionGemma `sft` job; returns the summary it writes."""
+  from tunix_blockdiff.jobs import sft as sft_lib  # pylint: disable=g-import-not-at-top
+
+  if cfg.get("distributed") is not None:
+    raise errors.UsageError(
+        "DiffusionGemma sft runs on one process (a mesh over its devices is"
+        " fine): set distributed to null"
+    )
+  try:
+    mesh = common.build_mesh(cfg.get("mesh"))
+  except ValueError as e:
+    raise errors.UsageError(f"mesh: {e}") from None
+  if mesh is not None and mesh.shape["sp"] > 1:
+    raise errors.UsageError(
+        "DiffusionGemma sft does not take context parallelism: mesh.sp must"
+        " be 1")
+  with common.mesh_scope(mesh):
+    return _run_sft(cfg, mesh, sft_lib)
+
+
+def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
+  clock = common.Stopwatch()
+  out = common.prepare_output_dir(cfg)
+  tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
+  model, defaults = build_model(cfg.model, seed=int(cfg.seed))
+  vocab = model.config.vocab_size
+  task_data = sft_data_lib.build_sft_data(
+      cfg, tokenizer, seq_len=int(cfg.data.seq_len), vocab_size=vocab,
+      mask_token_id=None)
+  base_model = model
+  model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
+  try:
+    model = common.shard_model(model, mesh)
+  except ValueError as e:
+    raise errors.UsageError(str(e)) from None
+  objective = _objective(cfg, model, tokenizer)
+  try:
+    data_config = data_lib.DataConfig(
+        seq_len=int(cfg.data.seq_len), batch_size=int(cfg.data.batch_size),
+        vocab_size=vocab, seed=int(cfg.seed),
+        pad_token_id=tokenizer.pad_id())
+    train_ds = dg_objective.DiffusionGemmaBatches(task_data.train, objective,
+                                                  data_config)
+    eval_ds = None
+    if task_data.eval is not None:
+      eval_ds = dg_objective.eval_batches(
+          task_data.eval, objective,
+          data_lib.DataConfig(
+              seq_len=data_config.seq_len,
+              batch_size=int(cfg.eval.batch_size), vocab_size=vocab,
+              seed=int(cfg.seed), pad_token_id=tokenizer.pad_id()))
+  except ValueError as e:
+    raise errors.UsageError(f"data: {e}") from None
+  if mesh is not None:
+    # Rows over fsdp; every process builds the whole batch and keeps its rows.
+    train_ds = distributed.GlobalBatches(
+        train_ds, mesh, data_config.batch_size, sliced=True)
+    if eval_ds is not None:
+      eval_ds = distributed.GlobalBatches(
+          eval_ds, mesh, int(cfg.eval.batch_size), sliced=True)
+  training_config = dataclasses.replace(
+      sft_lib.make_training_config(cfg, out),
+      pbar_description="DiffusionGemma SFT")
+  trainer = trainer_lib.DiffusionGemmaTrainer(
+      model, common.make_optimizer(cfg.training), training_config, objective)
+  if not sys.stderr.isatty():
+    trainer.with_training_hooks(sft_lib.ProgressLines(
+        int(cfg.training.eval_every_n_steps) // 2 or 1,
+        int(cfg.training.max_steps)))
+  start_step = trainer.train_steps
+  if start_step:
+    print(f"resuming from the checkpoint of step {start_step} in {out}",
+          file=sys.stderr)
+  trainer.train(train_ds, eval_ds)
+  train_seconds = clock()
+  summary = {
+      "recipe": common.to_dict(cfg),
+      "model_kind": cfg.model.kind,
+      "train_steps": trainer.train_steps,
+      "train_losses": sft_lib._history(trainer, "loss", "train").tolist(),  # pylint: disable=protected-access
+      "num_params": sft_lib.num_params(trainer.model),
+      "num_lora_params": sft_lib.num_params(trainer.model, nnx.LoRAParam),
+      "train_examples": len(task_data.train),
+      "train_seconds": train_seconds,
+  }
+  losses = summary["train_losses"]
+  summary["final_train_loss"] = losses[-1] if losses else None
+  summary.update(eval_loss=None, eval_exact_match=None,
+                 tokens_per_forward=None, tokens_per_step=None, forward_passes_per_token=None)
+  if eval_ds is not None:
+    summary["eval_loss"] = sft_lib.eval_loss(trainer, eval_ds)
+    eval_model = trainer.model
+    if common.lora_enabled(cfg.lora):
+      eval_model = checkpoints.merge_lora(
+          trainer.model, base_model, rank=int(cfg.lora.rank),
+          alpha=float(cfg.lora.alpha))
+    config = sampler_config(cfg.get("sampler"), defaults, tokenizer)
+    result = evaluate(
+        eval_model, task_data.eval, task_data.eval_pairs, task_data.task,
+        tokenizer, config,
+        max_new_tokens=max(ex.completion.size for ex in task_data.eval),
+        batch_size=int(cfg.eval.batch_size), seed=int(cfg.seed))
+    summary.update(
+        eval_exact_match=result["exact_match"],
+        tokens_per_forward=result["tokens_per_forward"],
+        # The key every sft summary has (tokens per model call).
+        tokens_per_step=result["tokens_per_forward"],
+        forward_passes_per_token=result["forward_passes_per_token"],
+        eval_examples=len(task_data.eval),
+        eval_seconds=result["seconds"],
+        sampler=dict(config.__dict__),
+        sample_completions=[
+            {"prompt": p, "answer": a, "completion": c}
+            for (p, a), c in list(zip(task_data.eval_pairs,
+                                      result["completions"]))[:5]
+        ],
+    )
+  summary["seconds"] = clock()
+  common.plot_training_figure(
+      out / FIGURE_FILE,
+      train_loss=np.asarray(losses),
+      eval_steps=[],
+      eval_loss=np.zeros((0,)),
+      sweep=(),
+      title=(f"{task_data.name}: DiffusionGemma, canvas"
+             f" {model.config.canvas_length}"
+             + ("" if summary["eval_exact_match"] is None else
+                f", EM {summary['eval_exact_match']:.3f} at"
+                f" {summary['tokens_per_forward']:.2f} tokens/forward")),
+  )
+  common.write_summary(out, summary)
+  return summary
+
+
+# -- generate ---------------------------------------------------------------
+
+DEFAULTS = {
+    "prompts": None,
+    "chat": False,
+    "max_new_tokens": None,
+    "seed": 0,
+    "png": None,
+    "color": True,
+    **{k: None for k in _SAMPLER_KEYS},
+}
+
+
+def load_run(run_dir: pathlib.Path, cfg):
+  """(model with the run's latest checkpoint, LoRA merged; defaults; step)."""
+  model, defaults = build_model(cfg.model, seed=int(cfg.seed))
+  base_model = model
+  lora = common.lora_enabled(cfg.get("lora"))
+  model = common.apply_lora(model, cfg.get("lora"), seed=int(cfg.seed))
+  manager = checkpoint_lib.CheckpointManager(str(run_dir / "checkpoints"))
+  step, _ = manager.maybe_restore(model, restore_only_lora_params=lora)
+  manager.close()
+  if step == 0:
+    raise errors.MissingFileError(
+        f"no checkpoint found under {run_dir / 'checkpoints'}")
+  if lora:
+    model = checkpoints.merge_lora(model, base_model, rank=int(cfg.lora.rank),
+                                   alpha=float(cfg.lora.alpha))
+  return model, defaults, step
+
+
+def _options(overrides: Sequence[str]):
+  options = omegaconf.OmegaConf.create(DEFAULTS)
+  omegaconf.OmegaConf.set_struct(options, True)
+  try:
+    return omegaconf.OmegaConf.merge(
+        options, omegaconf.OmegaConf.from_dotlist(list(overrides)))
+  except omegaconf.errors.ConfigKeyError as e:
+    key = str(getattr(e, "full_key", "") or e)
+    raise errors.UsageError(
+        f"unknown generate option {key!r}" + errors.nearest(key, DEFAULTS)
+        + f"; known: {sorted(DEFAULTS)}") from None
+
+
+def generate(path: pathlib.Path, options) -> dict[str, Any]:
+  """Samples `options.prompts` from a run or HF directory; writes outputs."""
+  task_pairs = None
+  if is_hf_dir(path):
+    model, defaults, _ = dg.load(path)
+    tokenizer = checkpoints.HFTokenizer(path)
+    step, budget = None, None
+  else:
+    cfg = omegaconf.OmegaConf.load(path / common.RECIPE_FILE)
+    tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
+    model, defaults, step = load_run(path, cfg)
+    run_data = sft_data_lib.build_sft_data(
+        cfg, tokenizer, seq_len=int(cfg.data.seq_len),
+        vocab_size=model.config.vocab_size, mask_token_id=None, train=False)
+    budget = None
+    if run_data.eval is not None and len(run_data.eval):
+      budget = max(run_data.eval[i].completion.size
+                   for i in range(len(run_data.eval)))
+      task_pairs = run_data.eval_pairs[:4]
+  if options.prompts is None:
+    if task_pairs is None:
+      raise errors.UsageError("pass prompts=[...]")
+    prompts = [p for p, _ in task_pairs]
+  else:
+    prompts = [str(p) for p in options.prompts]
+  max_new = options.max_new_tokens
+  if max_new is None:
+    if budget is None:
+      raise errors.UsageError("pass max_new_tokens=N")
+    max_new = budget
+    print(f"max_new_tokens={max_new}: the run's own eval budget",
+          file=sys.stderr)
+  if options.chat:
+    encoded = [tokenizer.encode(tokenizer.apply_chat_template(
+        [{"role": "user", "content": p}])) for p in prompts]
+  else:
+    encoded = [common.encode_pair(tokenizer, p, "")[0] for p in prompts]
+  lengths = np.asarray([len(e) for e in encoded], np.int32)
+  width = int(lengths.max())
+  tokens_in = np.full((len(encoded), width), tokenizer.pad_id(), np.int32)
+  for b, ids in enumerate(encoded):
+    tokens_in[b, width - len(ids):] = ids
+  config = sampler_config(options, defaults, tokenizer)
+  result = dg_rollout.generate(model, tokens_in, lengths, config,
+                               max_new_tokens=int(max_new),
+                               rng=jax.random.key(int(options.seed)))
+  completions = [tokenizer.decode(row) for row in result.tokens]
+
+  def decode_token(i: int) -> str:
+    if i == tokenizer.eos_id():
+      return "⏎"
+    if i == tokenizer.pad_id():
+      return "·"
+    return tokenizer.decode([i]) or "·"
+
+  # Colour = the denoising step that last changed the token (within its
+  # canvas); bars mark canvas boundaries.
+  shown_step = np.maximum(result.changed_at - 1, 0)
+  shown_step = np.where(result.tokens == config.pad_token_id, -1, shown_step)
+  text = trajectory.render_terminal(
+      result.tokens, shown_step, decode_token, model.config.canvas_length,
+      prompts=[p + " " for p in prompts])
+  if not options.color:
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+  print(text)
+  out_dir = path if not is_hf_dir(path) else pathlib.Path.cwd()
+  png = pathlib.Path(options.png or out_dir / TRAJECTORY_FILE)
+  trajectory.render_png(
+      str(png), result.tokens, shown_step, decode_token,
+      model.config.canvas_length, row_labels=prompts,
+      title="DiffusionGemma: colour = step that last changed the token")
+  output = {
+      "checkpoint_step": step,
+      "prompts": prompts,
+      "completions": completions,
+      "tokens": result.tokens.tolist(),
+      "changed_at": result.changed_at.tolist(),
+      "canvas_steps": result.canvas_steps.tolist(),
+      "forward_passes": result.forward_passes.tolist(),
+      "tokens_per_forward": float(
+          (result.tokens != config.pad_token_id).sum()
+          / max(result.forward_passes.sum(), 1)),
+      "sampler": dict(config.__dict__),
+      "png": str(png),
+  }
+  (out_dir / OUTPUT_FILE).write_text(json.dumps(output, indent=1))
+  output["output_file"] = str(out_dir / OUTPUT_FILE)
+  return output
+
+
+def generate_main(argv: Sequence[str]) -> int:
+  """`tunix-blockdiff generate DIR [key=value ...]` for DiffusionGemma."""
+  path = pathlib.Path(argv[0]).expanduser().resolve()
+  output = generate(path, _options(argv[1:]))
+  print(f"forward passes per token: "
+        f"{1 / max(output['tokens_per_forward'], 1e-9):.2f}  (tokens per"
+        f" forward {output['tokens_per_forward']:.2f})  wrote"
+        f" {output['output_file']}")
+  return 0
+
+
+def handles_generate(argv: Sequence[str]) -> bool:
+  """Whether `generate argv` names a DiffusionGemma run or HF directory."""
+  if not argv or "=" in argv[0] or argv[0].startswith("-"):
+    return False
+  path = pathlib.Path(argv[0]).expanduser()
+  if is_hf_dir(path):
+    return True
+  recipe = path / common.RECIPE_FILE
+  if not recipe.is_file():
+    return False
+  return is_recipe(omegaconf.OmegaConf.load(recipe))
