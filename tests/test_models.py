@@ -211,3 +211,19 @@ def test_lora_on_gemma3_einsums_trains_but_does_not_merge():
   assert {"q_einsum", "kv_einsum", "attn_vec_einsum", "down_proj"} <= names
   with pytest.raises(ValueError, match="einsum weights"):
     checkpoints.merge_lora(lora, _tiny("gemma3"), rank=2, alpha=4.0)
+
+
+def test_every_bundled_tiny_recipe_draws_its_feed_forward_kernels():
+  """Trained from scratch, a model needs random MLPs (Tunix's are zero)."""
+  import omegaconf  # pylint: disable=g-import-not-at-top
+
+  from tunix_blockdiff.jobs import common  # pylint: disable=g-import-not-at-top
+
+  tiny = omegaconf.OmegaConf.load(common.recipe_path("tiny.yaml"))
+  assert tiny.model.kind.startswith("tiny_") and tiny.model.random_mlp is True
+  for name, section in (("rl_tiny.yaml", "init"), ("opd_tiny.yaml", "student")):
+    cfg = omegaconf.OmegaConf.load(common.recipe_path(name))
+    assert cfg[section].sft_recipe == "tiny.yaml"  # inherits model.random_mlp
+    assert not any("random_mlp" in o for o in cfg[section].sft_overrides)
+  opd = omegaconf.OmegaConf.load(common.recipe_path("opd_tiny.yaml"))
+  assert opd.teacher.random_mlp is True

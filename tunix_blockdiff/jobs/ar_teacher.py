@@ -87,6 +87,9 @@ def train_ar_teacher(
       head_dim=int(teacher_cfg.head_dim),
       num_kv_heads=int(teacher_cfg.num_kv_heads),
   )
+  if bool(teacher_cfg.get("random_mlp", False)):
+    # Tunix zero-initialises feed-forward kernels: a saddle they never leave.
+    model = tiny_models.random_mlps(model, seed=seed)
   if distributed.shards_rows(mesh):
     model = common.shard_model(model, mesh)
   steps = int(teacher_cfg.steps)
