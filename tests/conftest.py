@@ -1,9 +1,42 @@
-"""Shared test setup: 8 simulated CPU devices (set before JAX is imported)."""
+"""Shared test setup (set before JAX is imported).
+
+- 8 simulated CPU devices.
+- A persistent JAX compilation cache shared by the xdist workers of one test
+  run: on CPU most of a tiny end-to-end test is XLA compilation, and many
+  tests compile the same programs (the same tiny recipes, the in-process
+  single-process references of the multi-process tests). Only the pytest
+  processes use it: processes the tests launch (jobs under `launch`,
+  notebook kernels) compile for themselves, since two gloo processes that
+  mix cached and fresh executables can wait on each other forever.
+"""
 
 import os
+import shutil
+import tempfile
+import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+CACHE_PREFIX = "tunix_blockdiff_test_jax_cache_"
+
+
+def _compilation_cache_dir() -> str:
+  """One directory per test run (xdist's run id), older ones removed."""
+  root = tempfile.gettempdir()
+  for name in os.listdir(root):
+    path = os.path.join(root, name)
+    if name.startswith(CACHE_PREFIX) and time.time() - os.path.getmtime(
+        path) > 6 * 3600:
+      shutil.rmtree(path, ignore_errors=True)
+  run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+  return os.path.join(root, CACHE_PREFIX + run)
+
+
+import jax  # noqa: E402
+
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+  jax.config.update("jax_compilation_cache_dir", _compilation_cache_dir())
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
 
 import hypothesis  # noqa: E402
 
