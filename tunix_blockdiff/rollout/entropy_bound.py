@@ -36,6 +36,79 @@ def token_entropy(logits: jax.Array) -> jax.Array:
   return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
 
 
+def first_argmax(x: jax.Array) -> jax.Array:
+  """`jnp.argmax(x, -1)` (ties: the lowest index), as max + min-index.
+
+  Two plain reductions instead of XLA's variadic argmax reduce, which is
+  several times slower on CPU over a large vocabulary.
+  """
+  top = jnp.max(x, axis=-1, keepdims=True)
+  iota = jax.lax.broadcasted_iota(jnp.int32, x.shape, x.ndim - 1)
+  return jnp.min(jnp.where(x >= top, iota, x.shape[-1]), axis=-1)
+
+
+_CDF_BLOCK = 128
+
+
+def inverse_cdf(probs: jax.Array, u: jax.Array) -> jax.Array:
+  """The first index whose cumulative probability exceeds `u * total`.
+
+  Two levels (blocks of 128, then within the chosen block), so the work is
+  one pass over the vocabulary plus two short cumulative sums.
+
+  Args:
+    probs: float [..., V] non-negative.
+    u: float [...] uniforms in [0, 1).
+
+  Returns:
+    int32 [...] sampled indices.
+  """
+  v = probs.shape[-1]
+  pad = (-v) % _CDF_BLOCK
+  if pad:
+    probs = jnp.pad(probs, [(0, 0)] * (probs.ndim - 1) + [(0, pad)])
+  blocks = probs.reshape(probs.shape[:-1] + (-1, _CDF_BLOCK))
+  block_sums = jnp.sum(blocks, axis=-1)
+  block_cdf = jnp.cumsum(block_sums, axis=-1)
+  total = block_cdf[..., -1]
+  # Strictly below the total, so the first block whose cdf exceeds it has
+  # mass; likewise inside the block (its own cdf, not the outer one, so
+  # rounding can never land on a zero-probability index).
+  target = jnp.minimum(u * total, total * (1.0 - 1e-6))
+  block = jnp.sum(block_cdf <= target[..., None], axis=-1)
+  before = jnp.take_along_axis(block_cdf - block_sums, block[..., None],
+                               axis=-1)[..., 0]
+  inner = jnp.take_along_axis(blocks, block[..., None, None], axis=-2)[
+      ..., 0, :]
+  inner_cdf = jnp.cumsum(inner, axis=-1)
+  rest = jnp.clip(target - before, 0.0, inner_cdf[..., -1] * (1.0 - 1e-6))
+  j = jnp.sum(inner_cdf <= rest[..., None], axis=-1)
+  return (block * _CDF_BLOCK + j).astype(jnp.int32)
+
+
+def sample_with_entropy(key: jax.Array, logits: jax.Array):
+  """One categorical draw per slot, its distribution's entropy, the argmax.
+
+  Inverse-CDF sampling: one uniform per slot against the cumulative
+  probabilities (an exact categorical draw, with one random number per slot
+  instead of Gumbel-max's one per vocabulary entry), sharing the softmax
+  with the entropy.
+
+  Args:
+    key: PRNG key.
+    logits: float [B, C, V] (already temperature-scaled).
+
+  Returns:
+    (tokens int32 [B, C], entropy float32 [B, C], argmax int32 [B, C]).
+  """
+  logits = logits.astype(jnp.float32)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  probs = jnp.exp(logp)
+  entropy = -jnp.sum(probs * logp, axis=-1)
+  u = jax.random.uniform(key, logits.shape[:-1], jnp.float32)
+  return inverse_cdf(probs, u), entropy, first_argmax(logits)
+
+
 def temperature(steps_left: jax.Array, config: config_lib.SamplerConfig):
   """T(n) of the step with `steps_left` = n steps left (N .. 1)."""
   frac = steps_left / config.max_denoising_steps
@@ -67,15 +140,15 @@ def renoise(accepted: jax.Array, mask: jax.Array, noise: jax.Array):
 
 
 def stop_update(history: jax.Array, filled: jax.Array, argmax: jax.Array,
-                scaled_logits: jax.Array,
-                config: config_lib.SamplerConfig):
+                entropy: jax.Array, config: config_lib.SamplerConfig):
   """The adaptive stop of one step.
 
   Args:
     history: int [S, B, C] the previous S argmax canvases (oldest first).
     filled: int [] how many of them exist (a missing one never matches).
     argmax: int [B, C] this step's argmax canvas.
-    scaled_logits: float [B, C, V] this step's temperature-scaled logits.
+    entropy: float [B, C] entropies of this step's temperature-scaled
+      logits (`token_entropy`).
     config: Supplies S and the confidence threshold c.
 
   Returns:
@@ -89,8 +162,7 @@ def stop_update(history: jax.Array, filled: jax.Array, argmax: jax.Array,
     stable = jnp.all(same, axis=0) & (filled >= s)
     history = jnp.concatenate([history[1:], argmax[None]], axis=0)
     filled = jnp.minimum(filled + 1, s)
-  confident = jnp.mean(token_entropy(scaled_logits), -1) < (
-      config.confidence_threshold)
+  confident = jnp.mean(entropy, -1) < config.confidence_threshold
   return stable & confident, history, filled
 
 
@@ -174,9 +246,8 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
     logits = decoder_fn(st["canvas"], st["sc_logits"], sc_on)
     temp = temperature((n - step).astype(jnp.float32), config)
     scaled = logits.astype(jnp.float32) / temp
-    denoiser = jax.random.categorical(sample_key, scaled, axis=-1)
-    new_argmax = jnp.argmax(scaled, axis=-1).astype(jnp.int32)
-    accepted = accept_mask(token_entropy(scaled), config.entropy_bound)
+    denoiser, entropy, new_argmax = sample_with_entropy(sample_key, scaled)
+    accepted = accept_mask(entropy, config.entropy_bound)
     noise = jax.random.randint(noise_key, (batch, canvas_length), 0,
                                vocab_size)
     new_canvas = renoise(jnp.where(accepted, denoiser, st["canvas"]),
@@ -185,8 +256,9 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
     new_argmax = jnp.where(done[:, None], st["argmax"], new_argmax)
     new_canvas = jnp.where(done[:, None], st["canvas"], new_canvas)
     scaled = jnp.where(done[:, None, None], st["sc_logits"], scaled)
+    # A stopped row's flag is already set, so its entropies do not matter.
     stop, history, filled = stop_update(st["history"], st["filled"],
-                                        new_argmax, scaled, config)
+                                        new_argmax, entropy, config)
     changed = new_argmax != st["argmax"]
     out = dict(
         step=step + 1,
