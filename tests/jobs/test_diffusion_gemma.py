@@ -95,7 +95,9 @@ def _hf_checkpoint(tmp_path):
   return target
 
 
-def test_lora_sft_on_an_hf_checkpoint_and_generate_from_both(tmp_path, capsys):
+def test_lora_sft_on_an_hf_checkpoint_and_generate_from_both(
+    tmp_path, capsys, monkeypatch):
+  monkeypatch.chdir(tmp_path)
   hf = _hf_checkpoint(tmp_path)
   rows = tmp_path / "train.jsonl"
   rows.write_text("".join(
@@ -117,8 +119,12 @@ def test_lora_sft_on_an_hf_checkpoint_and_generate_from_both(tmp_path, capsys):
   cli.main(["generate", str(out), "color=false", "prompts=[say 3]"])
   assert json.loads((out / "generate.json").read_text())["checkpoint_step"] == 2
   cli.main(["generate", str(hf), "color=false", "prompts=[say 3]",
-            "max_new_tokens=4", "png=" + str(tmp_path / "t.png")])
-  assert "forward passes per token" in capsys.readouterr().out
+            "max_new_tokens=4", "png=" + str(tmp_path / "t.png"), "chat=true"])
+  printed = capsys.readouterr().out
+  assert "forward passes per token" in printed
+  # The HF directory's own generation_config.json sets the sampler.
+  output = json.loads((pathlib.Path.cwd() / "generate.json").read_text())
+  assert output["sampler"]["max_denoising_steps"] == 6
 
 
 def test_bad_recipe_values_are_one_line_usage_errors(tmp_path, capsys):

@@ -88,3 +88,20 @@ def test_generate_validates_inputs(model_and_sampler):
   with pytest.raises(ValueError, match="prompt_tokens"):
     dg_rollout.generate(model, np.full((1, 3), 99), [3], config,
                         max_new_tokens=4)
+
+
+def test_image_tokens_are_refused(model_and_sampler):
+  import dataclasses  # pylint: disable=g-import-not-at-top
+
+  model, config = model_and_sampler
+  assert model.config.image_token_id == 258880  # from config.json
+  model.config = dataclasses.replace(model.config, image_token_id=9)
+  try:
+    with pytest.raises(ValueError, match="image"):
+      dg_rollout.generate(model, np.array([[0, 9, 5]]), [2], config,
+                          max_new_tokens=4)
+    # A padding slot holding the id is not an input.
+    dg_rollout.generate(model, np.array([[9, 4, 5]]), [2], config,
+                        max_new_tokens=4)
+  finally:
+    model.config = dataclasses.replace(model.config, image_token_id=258880)

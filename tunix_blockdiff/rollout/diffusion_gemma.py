@@ -71,6 +71,11 @@ def finish_canvas(tokens, finished, eos_token_id, pad_token_id):
   return tokens, finished | stopped
 
 
+def valid_mask(width: int, lengths: np.ndarray) -> np.ndarray:
+  """bool [B, width]: the right-aligned prompt slots of each row."""
+  return np.arange(width)[None, :] >= (width - np.asarray(lengths))[:, None]
+
+
 class DiffusionGemmaSampler:
   """Compiled prefill and canvas programs for one model (reuse across calls).
 
@@ -145,9 +150,15 @@ class DiffusionGemmaSampler:
     vocab = self.model.config.vocab_size
     if prompt_tokens.min() < 0 or prompt_tokens.max() >= vocab:
       raise ValueError(f"prompt_tokens must be in [0, {vocab})")
+    image = self.model.config.image_token_id
+    if image is not None and np.any((prompt_tokens == image) & valid_mask(
+        p, lengths)):
+      raise ValueError(
+          f"prompt_tokens hold the image token {image}: image inputs are"
+          " not supported (DiffusionGemma text only)")
     c = self.model.config.canvas_length
     canvases = math.ceil(max_new_tokens / c)
-    valid = np.arange(p)[None, :] >= (p - lengths)[:, None]
+    valid = valid_mask(p, lengths)
     state = nnx.state(self.model)
     cache = self.model.init_cache(b, p + canvases * c)
     cache = self._prefill(state, jnp.asarray(prompt_tokens),

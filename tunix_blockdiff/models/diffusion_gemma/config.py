@@ -48,6 +48,8 @@ class DiffusionGemmaConfig:
     rms_norm_eps: RMSNorm epsilon.
     canvas_length: C, tokens denoised together.
     pad_token_id, eos_token_id, bos_token_id: Special ids.
+    image_token_id: The checkpoint's image placeholder id (prompts holding
+      it are refused: text only), or None.
     dtype: Activation dtype name; `param_dtype` the parameters'.
   """
 
@@ -73,6 +75,7 @@ class DiffusionGemmaConfig:
   pad_token_id: int = 0
   eos_token_id: int = 1
   bos_token_id: int = 2
+  image_token_id: int | None = None
   dtype: str = "float32"
   param_dtype: str = "float32"
 
@@ -345,6 +348,7 @@ def from_hf(config_json: Mapping[str, Any], *, dtype: str = "float32",
       pad_token_id=int(text.get("pad_token_id") or 0),
       eos_token_id=int(eos),
       bos_token_id=int(text.get("bos_token_id") or 2),
+      image_token_id=config_json.get("image_token_id"),
       dtype=dtype,
       param_dtype=param_dtype or dtype,
       **_rope(text),
