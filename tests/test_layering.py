@@ -15,9 +15,11 @@ import pytest
 import tunix_blockdiff
 
 PACKAGE = pathlib.Path(tunix_blockdiff.__file__).parent
-# rollout/engine.py scores with rl.likelihood (the Tunix engine's
-# get_per_token_logps), and rl builds on rollouts: a known pair, kept visible.
-KNOWN_CYCLE_ARROWS = {("rollout", "rl")}
+# Known back-arrows, kept visible: rollout/engine.py scores with
+# rl.likelihood (the Tunix engine's get_per_token_logps), and rl builds on
+# rollouts; objective/diffusion_gemma.py takes data.examples' DataConfig and
+# Example, and data (packing, batches) builds on the objective.
+KNOWN_CYCLE_ARROWS = {("rollout", "rl"), ("objective", "data")}
 
 
 def _unit(module: str) -> str:
