@@ -145,6 +145,16 @@ def _check_recipe_sections(job: str, cfg) -> None:
     distributed.mesh_shape(common.to_dict(cfg.mesh))
 
 
+def _generate_option_sets() -> list[set[str]]:
+  """Options of `generate` per kind of run (block diffusion first)."""
+  sets = [set(generate.DEFAULTS)]
+  try:
+    from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    return sets
+  return sets + [set(getattr(diffusion_gemma, "DEFAULTS", {}))]
+
+
 def check_invocation(args: list[str]) -> None:
   """Raises (or fails) when `tunix-blockdiff *args` would not parse."""
   assert args, "a bare `tunix-blockdiff`"
@@ -158,7 +168,11 @@ def check_invocation(args: list[str]) -> None:
   elif command == "generate":
     # The run directory is the first argument (a path or a placeholder).
     options = args[2:] if len(args) > 1 and "=" not in args[1] else args[1:]
-    generate.parse_options([a for a in options if not _placeholder(a)])
+    options = [a for a in options if not _placeholder(a)]
+    keys = {a.split("=", 1)[0] for a in options}
+    # A DiffusionGemma run or checkpoint takes its own generate options.
+    if not any(keys <= known for known in _generate_option_sets()[1:]):
+      generate.parse_options(options)
   elif command == "launch" and rest:  # Bare (or `...`): prints its usage.
     parsed = launch.parse_args(args[1:])
     check_invocation(parsed.command[1:] if parsed.command[0] == "--" else
