@@ -200,10 +200,10 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
     config: The sampler settings.
     active: bool [B] rows that still generate (finished rows are not
       counted in `steps`); default all.
-    record_trace: Also return, per step, the input canvas, the sampled
-      denoiser canvas, the accepted mask, the temperature, whether the row
-      was still denoising, and the self-conditioning switch (for exact
-      trajectory scoring).
+    record_trace: Also return, per step, the input canvas, the canvas it
+      produced (after renoising), the sampled denoiser canvas, the accepted
+      mask, the temperature, whether the row was still denoising, and the
+      self-conditioning switch (for exact trajectory scoring).
 
   Returns:
     A `CanvasResult`.
@@ -229,6 +229,7 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
   if record_trace:
     state["trace"] = dict(
         canvas=jnp.zeros((n, batch, canvas_length), jnp.int32),
+        next_canvas=jnp.zeros((n, batch, canvas_length), jnp.int32),
         denoiser=jnp.zeros((n, batch, canvas_length), jnp.int32),
         accepted=jnp.zeros((n, batch, canvas_length), bool),
         temperature=jnp.zeros((n,), jnp.float32),
@@ -276,6 +277,8 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
       tr = st["trace"]
       out["trace"] = dict(
           canvas=tr["canvas"].at[step].set(st["canvas"]),
+          next_canvas=tr["next_canvas"].at[step].set(
+              new_canvas.astype(jnp.int32)),
           denoiser=tr["denoiser"].at[step].set(denoiser.astype(jnp.int32)),
           accepted=tr["accepted"].at[step].set(accepted & ~done[:, None]),
           temperature=tr["temperature"].at[step].set(temp),
