@@ -11,7 +11,7 @@ process that failed first; it exits 0 only when every process does.
 
 For testing on one machine and for hosts with several accelerators; on a
 TPU pod slice or under SLURM, run the command itself on every host with
-`distributed={}` (auto-detection) instead (README "Many hosts").
+`distributed={}` (auto-detection) instead (docs/many_hosts.md).
 """
 
 from __future__ import annotations

@@ -7,8 +7,8 @@ TensorBoard metrics (`tensorboard/`), `summary.json` and `sft.png` (loss
 curves; exact match against tokens per model call over a threshold sweep).
 
 `dataset.train=FILES [dataset.eval=FILES]` trains on your jsonl, parquet or
-save_to_disk files instead of the task (`jobs/sft_data.py`, README "Your
-data"); on them the eval adds edit similarity and prints samples coloured
+save_to_disk files instead of the task (`jobs/sft_data.py`,
+docs/sft_data.md); on them the eval adds edit similarity and prints samples coloured
 by commit step, and `summary.json` counts the bad rows.
 """
 
