@@ -1,11 +1,9 @@
-"""`rl` and `opd` on 2 processes x 2 CPU devices (gloo) vs one process on 4.
+"""`rl` and `opd` on 2 processes x 4 CPU devices (gloo) vs one 8-device process.
 
 Rollouts, scores and teacher logits shard their prompts over `fsdp` and are
 gathered on every process; the training examples are global arrays. A short
 run of each job under `tunix-blockdiff launch` must give the single-process
-run's completions and metrics. (Two devices per process keep what the
-earlier 2 x 4 layout covered, several local devices per process included,
-for less compile and run time on a 2-core machine.)
+run's completions and metrics.
 """
 
 import json
@@ -36,7 +34,7 @@ SHORT = [
     "eval.batch_size=6",
     "rollout.max_tokens_to_generate=4",
     "rollout.max_prompt_length=10",
-    "mesh.fsdp=4",
+    "mesh.fsdp=8",
 ]
 RL = [
     "grpo.steps=2",
@@ -105,7 +103,7 @@ def test_two_processes_equal_one(
   code = launch.launch(
       [*run, f"output_dir={tmp_path / 'two'}"],
       processes=2,
-      devices_per_process=2,
+      devices_per_process=4,
   )
   log = capsys.readouterr().out
   assert code == 0, log[-3000:]
