@@ -17,9 +17,8 @@ import tunix_blockdiff
 PACKAGE = pathlib.Path(tunix_blockdiff.__file__).parent
 # Known back-arrows, kept visible: rollout/engine.py scores with
 # rl.likelihood (the Tunix engine's get_per_token_logps), and rl builds on
-# rollouts; objective/diffusion_gemma.py takes data.examples' DataConfig and
-# Example, and data (packing, batches) builds on the objective.
-KNOWN_CYCLE_ARROWS = {("rollout", "rl"), ("objective", "data")}
+# rollouts.
+KNOWN_CYCLE_ARROWS = {("rollout", "rl")}
 
 
 def _unit(module: str) -> str:

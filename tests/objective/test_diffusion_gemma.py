@@ -16,6 +16,7 @@ from tunix_blockdiff.data import as_examples
 from tunix_blockdiff.data.examples import DataConfig
 from tunix_blockdiff.data.examples import Example
 from tunix_blockdiff.models import diffusion_gemma as dg
+from tunix_blockdiff.data import diffusion_gemma as rows_lib
 from tunix_blockdiff.objective import diffusion_gemma as obj
 
 VOCAB, C, SEQ = 24, 4, 16
@@ -40,7 +41,7 @@ def _example(prompt, completion, i=0):
 
 
 def test_row_layout_fill_and_targets():
-  row = obj.encode_row(_example([5, 6, 7], [8, 9, 10, 11, 12]), OBJ, seed=0,
+  row = rows_lib.encode_row(_example([5, 6, 7], [8, 9, 10, 11, 12]), OBJ, seed=0,
                        epoch=0, seq_len=SEQ, pad_token_id=0)
   # 5 completion tokens -> 2 canvases of 4, filled with fill_id (0).
   np.testing.assert_array_equal(row["clean"][:11], [5, 6, 7, 8, 9, 10, 11, 12, 0, 0, 0])
@@ -48,15 +49,15 @@ def test_row_layout_fill_and_targets():
   np.testing.assert_array_equal(row["canvas_start"][3:11], [3] * 4 + [7] * 4)
   assert row["loss_weights"].sum() == 8 and row["valid"].sum() == 11
   np.testing.assert_array_equal(row["noisy"][:3], [5, 6, 7])  # prompt kept
-  again = obj.encode_row(_example([5, 6, 7], [8, 9, 10, 11, 12]), OBJ, seed=0,
+  again = rows_lib.encode_row(_example([5, 6, 7], [8, 9, 10, 11, 12]), OBJ, seed=0,
                          epoch=0, seq_len=SEQ, pad_token_id=0)
   for k in obj.FIELDS:
     np.testing.assert_array_equal(row[k], again[k])
-  other = obj.encode_row(_example([5, 6, 7], [8, 9, 10, 11, 12]), OBJ, seed=0,
+  other = rows_lib.encode_row(_example([5, 6, 7], [8, 9, 10, 11, 12]), OBJ, seed=0,
                          epoch=1, seq_len=SEQ, pad_token_id=0)
   assert not np.array_equal(row["noisy"], other["noisy"])
   with pytest.raises(ValueError, match="no room"):
-    obj.encode_row(_example(list(range(1, 14)), [3]), OBJ, seed=0, epoch=0,
+    rows_lib.encode_row(_example(list(range(1, 14)), [3]), OBJ, seed=0, epoch=0,
                    seq_len=SEQ, pad_token_id=0)
 
 
@@ -64,7 +65,7 @@ def test_row_layout_fill_and_targets():
 @given(st.integers(0, 2**31 - 1), st.floats(0.0, 0.99))
 def test_corruption_touches_only_canvases_at_the_noise_level(seed, min_noise):
   objective = obj.DiffusionGemmaObjective(C, VOCAB, min_noise=min_noise)
-  row = obj.encode_row(_example([1, 2], list(range(3, 15))), objective,
+  row = rows_lib.encode_row(_example([1, 2], list(range(3, 15))), objective,
                        seed=seed, epoch=0, seq_len=SEQ, pad_token_id=0)
   outside = row["canvas_id"] < 0
   np.testing.assert_array_equal(row["noisy"][outside], row["clean"][outside])
@@ -73,7 +74,7 @@ def test_corruption_touches_only_canvases_at_the_noise_level(seed, min_noise):
 
 def test_noise_level_one_replaces_every_slot_uniformly():
   objective = obj.DiffusionGemmaObjective(C, VOCAB, min_noise=0.999999)
-  rows = [obj.encode_row(_example([1], [2] * 12, i), objective, seed=0,
+  rows = [rows_lib.encode_row(_example([1], [2] * 12, i), objective, seed=0,
                          epoch=0, seq_len=SEQ, pad_token_id=0) for i in range(200)]
   noisy = np.concatenate([r["noisy"][1:13] for r in rows])
   counts = np.bincount(noisy, minlength=VOCAB)
@@ -82,15 +83,15 @@ def test_noise_level_one_replaces_every_slot_uniformly():
 
 
 def _batch(examples, seed=0, objective=OBJ):
-  rows = [obj.encode_row(e, objective, seed=seed, epoch=0, seq_len=SEQ,
+  rows = [rows_lib.encode_row(e, objective, seed=seed, epoch=0, seq_len=SEQ,
                          pad_token_id=0) for e in examples]
-  return {k: jnp.asarray(v) for k, v in obj.stack(rows).items()}
+  return {k: jnp.asarray(v) for k, v in rows_lib.stack(rows).items()}
 
 
 def test_zero_weight_batch_gives_zero_loss_and_finite_grads():
   model = _model(moe=True)
-  batch = {k: jnp.asarray(v) for k, v in obj.stack(
-      [obj.empty_row(SEQ, 0)] * 2).items()}
+  batch = {k: jnp.asarray(v) for k, v in rows_lib.stack(
+      [rows_lib.empty_row(SEQ, 0)] * 2).items()}
   loss_fn = obj.make_loss_fn(OBJ)
 
   def total(m):
@@ -188,16 +189,16 @@ def test_batches_are_deterministic_and_validated():
   examples = [_example([1, 2], [3, 4, 5], i) for i in range(6)]
   dcfg = DataConfig(seq_len=SEQ, batch_size=2, vocab_size=VOCAB, seed=3,
                     num_epochs=2)
-  a = list(obj.DiffusionGemmaBatches(examples, OBJ, dcfg))
-  b = list(obj.DiffusionGemmaBatches(examples, OBJ, dcfg))
+  a = list(rows_lib.DiffusionGemmaBatches(examples, OBJ, dcfg))
+  b = list(rows_lib.DiffusionGemmaBatches(examples, OBJ, dcfg))
   assert len(a) == 6
   for x, y in zip(a, b):
     for k in obj.FIELDS:
       np.testing.assert_array_equal(x[k], y[k])
   with pytest.raises(ValueError, match="packing"):
-    obj.DiffusionGemmaBatches(examples, OBJ, DataConfig(
+    rows_lib.DiffusionGemmaBatches(examples, OBJ, DataConfig(
         seq_len=SEQ, batch_size=2, vocab_size=VOCAB, packing="block_aligned"))
-  evals = obj.eval_batches(examples[:3], OBJ, dcfg)
+  evals = rows_lib.eval_batches(examples[:3], OBJ, dcfg)
   assert len(evals) == 2 and evals[1]["loss_weights"][1].sum() == 0
   with pytest.raises(ValueError, match="fill_id"):
     obj.DiffusionGemmaObjective(C, VOCAB, fill_id=VOCAB)

@@ -40,6 +40,7 @@ from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
+from tunix_blockdiff.data import diffusion_gemma as dg_data
 from tunix_blockdiff.objective import diffusion_gemma as dg_objective
 from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
 
@@ -220,11 +221,11 @@ def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
         seq_len=int(cfg.data.seq_len), batch_size=int(cfg.data.batch_size),
         vocab_size=vocab, seed=int(cfg.seed),
         pad_token_id=tokenizer.pad_id())
-    train_ds = dg_objective.DiffusionGemmaBatches(task_data.train, objective,
+    train_ds = dg_data.DiffusionGemmaBatches(task_data.train, objective,
                                                   data_config)
     eval_ds = None
     if task_data.eval is not None:
-      eval_ds = dg_objective.eval_batches(
+      eval_ds = dg_data.eval_batches(
           task_data.eval, objective,
           data_lib.DataConfig(
               seq_len=data_config.seq_len,
