@@ -91,27 +91,3 @@ def untrained_policy(tmp_path_factory) -> pathlib.Path:
   manager.close()
   return out
 
-
-# Modules whose tests run whole jobs in several processes (or notebooks):
-# scheduled first, so the two xdist workers do not end the run with one of
-# them alone on a long test while the other idles.
-SLOW_MODULES = (
-    "tests/jobs/test_rl_opd_many_processes.py",
-    "tests/test_distributed.py",
-    "tests/notebooks/test_notebooks.py",
-    "tests/jobs/test_opd.py",
-    "tests/jobs/test_mesh.py",
-    "tests/test_real_model_loading.py",
-)
-
-
-def pytest_collection_modifyitems(config, items):
-  del config
-  rank = {name: i for i, name in enumerate(SLOW_MODULES)}
-
-  def key(indexed):
-    index, item = indexed
-    path = item.nodeid.split("::")[0]
-    return (rank.get(path, len(rank)), index)
-
-  items[:] = [item for _, item in sorted(enumerate(items), key=key)]
