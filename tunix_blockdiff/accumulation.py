@@ -127,6 +127,29 @@ class ExactAccumulation:
   sum of gradients / sum of denominators, skipping steps with no target.
   """
 
+  @staticmethod
+  def _accumulation_steps(training_config) -> int:
+    """`gradient_accumulation_steps` of a Tunix training config (>= 1)."""
+    accumulation = training_config.get_with_default(
+        "gradient_accumulation_steps", 1
+    )
+    if accumulation < 1:
+      raise ValueError(
+          f"gradient_accumulation_steps must be >= 1, got {accumulation}"
+      )
+    return accumulation
+
+  def _setup_accumulation(self, training_config, accumulation: int) -> None:
+    """After the host trainer's `__init__`: the real config and accumulator."""
+    self.config = training_config
+    self._accumulation = accumulation
+    # The parent counted restored micro-steps without accumulation.
+    self._iter_steps = self._train_steps * accumulation
+    self.grad_sums = None
+    if not self._tunix_accumulates and accumulation > 1:
+      wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
+      self.grad_sums = GradientSums(self.model, wrt)
+
   def _objective(self, loss_fn, model, inputs):
     out = loss_fn(model, **inputs)
     if isinstance(out, compat.LossOutput):
@@ -265,13 +288,7 @@ class TokenWeightedTrainer(ExactAccumulation, peft_trainer.PeftTrainer):
           "training_config must be a tunix TrainingConfig, got"
           f" {type(training_config).__name__}"
       )
-    accumulation = training_config.get_with_default(
-        "gradient_accumulation_steps", 1
-    )
-    if accumulation < 1:
-      raise ValueError(
-          f"gradient_accumulation_steps must be >= 1, got {accumulation}"
-      )
+    accumulation = self._accumulation_steps(training_config)
     self._tunix_accumulates = compat.TUNIX_HAS_LOSS_OUTPUT
     base_config = training_config
     if not self._tunix_accumulates:
@@ -283,14 +300,7 @@ class TokenWeightedTrainer(ExactAccumulation, peft_trainer.PeftTrainer):
     super().__init__(
         model, optimizer, base_config, metrics_logger=metrics_logger, **kwargs
     )
-    self.config = training_config
-    self._accumulation = accumulation
-    # The parent counted restored micro-steps without accumulation.
-    self._iter_steps = self._train_steps * accumulation
-    self.grad_sums = None
-    if not self._tunix_accumulates and accumulation > 1:
-      wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
-      self.grad_sums = GradientSums(self.model, wrt)
+    self._setup_accumulation(training_config, accumulation)
 
   # The exact-accumulation train step (google-tunix <= 0.1.7).
 

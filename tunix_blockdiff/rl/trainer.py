@@ -51,13 +51,7 @@ class BlockDiffusionRLTrainer(sft_trainer.ExactAccumulation, rl_trainer.Trainer)
       custom_checkpoint_metadata_fn,
       **kwargs,
   ):
-    accumulation = training_config.get_with_default(
-        "gradient_accumulation_steps", 1
-    )
-    if accumulation < 1:
-      raise ValueError(
-          f"gradient_accumulation_steps must be >= 1, got {accumulation}"
-      )
+    accumulation = self._accumulation_steps(training_config)
     self._tunix_accumulates = compat.TUNIX_HAS_LOSS_OUTPUT
     base_config = training_config
     if not self._tunix_accumulates:
@@ -70,14 +64,7 @@ class BlockDiffusionRLTrainer(sft_trainer.ExactAccumulation, rl_trainer.Trainer)
     super().__init__(
         model, optimizer, base_config, custom_checkpoint_metadata_fn, **kwargs
     )
-    self.config = training_config
-    self._accumulation = accumulation
-    # The parent counted restored micro-steps without accumulation.
-    self._iter_steps = self._train_steps * accumulation
-    self.grad_sums = None
-    if not self._tunix_accumulates and accumulation > 1:
-      wrt = nnx.LoRAParam if self._lora_enabled else nnx.Param
-      self.grad_sums = sft_trainer.GradientSums(self.model, wrt)
+    self._setup_accumulation(training_config, accumulation)
 
   def _prepare_inputs(self, input_data: Any) -> Any:
     """Global arrays of a training example every process holds whole.
