@@ -92,6 +92,12 @@ _LAZY = {
     "configure_diffusion_sft": ("tunix_blockdiff.upstream", "configure_diffusion_sft"),
     "diffusion_loss_fn": ("tunix_blockdiff.upstream", "diffusion_loss_fn"),
     "trajectory_logprob": ("tunix_blockdiff.rl.likelihood", "trajectory_logprob"),
+    # DiffusionGemma (docs/diffusion_gemma.md).
+    "DiffusionGemma": ("tunix_blockdiff.models.diffusion_gemma", "DiffusionGemma"),
+    "DiffusionGemmaConfig": ("tunix_blockdiff.models.diffusion_gemma", "DiffusionGemmaConfig"),
+    "DiffusionGemmaSampler": ("tunix_blockdiff.rollout.diffusion_gemma", "DiffusionGemmaSampler"),
+    "DiffusionGemmaTrainer": ("tunix_blockdiff.trainer", "DiffusionGemmaTrainer"),
+    "load_diffusion_gemma": ("tunix_blockdiff.models.diffusion_gemma", "load"),
 }
 
 
@@ -114,6 +120,10 @@ __all__ = [
     "DenoiseConfig",
     "DenoiseResult",
     "DiffusionBatchAdapter",
+    "DiffusionGemma",
+    "DiffusionGemmaConfig",
+    "DiffusionGemmaSampler",
+    "DiffusionGemmaTrainer",
     "DiffusionLogitsFn",
     "DiffusionTokenBatch",
     "LossOutput",
@@ -130,6 +140,7 @@ __all__ = [
     "diffusion_loss_fn",
     "generate",
     "load_balance_order",
+    "load_diffusion_gemma",
     "make_logits_fn",
     "register",
     "reorder_batch_for_context_parallel",

@@ -254,3 +254,12 @@ def test_dense_variant_runs_and_jits():
                                    jnp.ones((1, 8), bool), cache)
   logits = model.decode(jnp.zeros((1, 4), jnp.int32), pos[:, :4] + 8, cache)
   assert logits.shape == (1, 4, 16) and bool(jnp.all(jnp.isfinite(logits)))
+
+
+def test_public_names():
+  import tunix_blockdiff as tbd  # pylint: disable=g-import-not-at-top
+
+  assert tbd.DiffusionGemma is dg.DiffusionGemma
+  assert tbd.load_diffusion_gemma is dg.load
+  assert tbd.DiffusionGemmaTrainer.__name__ == "DiffusionGemmaTrainer"
+  assert tbd.DiffusionGemmaSampler.__name__ == "DiffusionGemmaSampler"
