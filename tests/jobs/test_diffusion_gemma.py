@@ -37,35 +37,30 @@ def _params(run_dir):
   return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
 
 
-def test_sft_then_generate_on_the_run(tmp_path, capsys):
-  out = tmp_path / "run"
-  cli.main(["sft", "diffusion_gemma_tiny.yaml", f"output_dir={out}", *SMALL,
-            "training.max_steps=4", "training.checkpoint_every_n_steps=2",
-            "training.eval_every_n_steps=2"])
-  summary = json.loads((out / "summary.json").read_text())
+def test_sft_generate_and_killed_resume_to_the_same_parameters(tmp_path,
+                                                                capsys):
+  run = ["sft", "diffusion_gemma_tiny.yaml", *SMALL, "training.max_steps=12",
+         "training.checkpoint_every_n_steps=2", "training.eval_every_n_steps=2"]
+  ref, out = tmp_path / "ref", tmp_path / "resumed"
+  cli.main([*run, f"output_dir={ref}"])
+  summary = json.loads((ref / "summary.json").read_text())
   assert summary["model_kind"] == "tiny_diffusion_gemma"
-  assert summary["train_steps"] == 4 and summary["eval_examples"] == 8
+  assert summary["train_steps"] == 12 and summary["eval_examples"] == 8
   assert 0 < summary["tokens_per_forward"] <= 8
   assert summary["forward_passes_per_token"] == pytest.approx(
       1 / summary["tokens_per_forward"])
-  assert (out / "sft.png").is_file()
+  assert (ref / "sft.png").is_file()
   capsys.readouterr()
-  cli.main(["generate", str(out), "color=false", "prompts=[rev 123456]",
+  cli.main(["generate", str(ref), "color=false", "prompts=[rev 123456]",
             "max_new_tokens=8", "entropy_bound=0.5"])
   printed = capsys.readouterr().out
   assert "forward passes per token" in printed and "rev 123456" in printed
-  output = json.loads((out / "generate.json").read_text())
-  assert output["checkpoint_step"] == 4
+  output = json.loads((ref / "generate.json").read_text())
+  assert output["checkpoint_step"] == 12
   assert output["sampler"]["entropy_bound"] == 0.5
   assert len(output["tokens"][0]) == 8 and output["forward_passes"][0] >= 1
 
-
-def test_killed_sft_resumes_to_the_same_parameters(tmp_path):
-  run = ["sft", "diffusion_gemma_tiny.yaml", *SMALL, "training.max_steps=12",
-         "training.checkpoint_every_n_steps=2", "training.eval_every_n_steps=2",
-         "task.num_eval=2", "eval.batch_size=2"]
-  ref, out = tmp_path / "ref", tmp_path / "resumed"
-  cli.main([*run, f"output_dir={ref}"])
+  # The same run killed (SIGKILL) after a checkpoint, then relaunched.
   proc = subprocess.Popen(
       [sys.executable, "-m", "tunix_blockdiff.cli", *run, f"output_dir={out}"],
       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -84,8 +79,7 @@ def test_killed_sft_resumes_to_the_same_parameters(tmp_path):
   assert max(float(np.abs(a - b).max()) for a, b in zip(ref_params, params)) < 1e-6
   resumed = json.loads((out / "summary.json").read_text())
   assert resumed["train_losses"] == pytest.approx(
-      json.loads((ref / "summary.json").read_text())["train_losses"][
-          -len(resumed["train_losses"]):], rel=1e-5)
+      summary["train_losses"][-len(resumed["train_losses"]):], rel=1e-5)
 
 
 def _hf_checkpoint(tmp_path):
@@ -168,7 +162,8 @@ def test_sft_on_an_fsdp_tp_mesh_matches_one_device(tmp_path):
   import os  # pylint: disable=g-import-not-at-top
 
   run = ["sft", "diffusion_gemma_tiny.yaml", *SMALL, "training.max_steps=3",
-         "task.num_eval=4", "eval.batch_size=4",
+         "task.num_eval=2", "eval.batch_size=2",
+         "sampler.max_denoising_steps=2",
          "training.checkpoint_every_n_steps=3"]
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
