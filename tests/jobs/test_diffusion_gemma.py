@@ -17,6 +17,7 @@ from tunix_blockdiff import cli
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import diffusion_gemma as dg_job
+from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 GOLDEN = DATA / "diffusion_gemma/moe_sliding"
@@ -33,7 +34,7 @@ SMALL = [
 
 def _params(run_dir):
   cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
-  model, _, step = dg_job.load_run(run_dir, cfg)
+  model, _, step = dg_generate.load_run(run_dir, cfg)
   return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
 
 

@@ -300,7 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
 
   if diffusion_gemma.handles_generate(argv):
-    return diffusion_gemma.generate_main(argv)
+    from tunix_blockdiff.jobs import diffusion_gemma_generate  # pylint: disable=g-import-not-at-top
+
+    return diffusion_gemma_generate.generate_main(argv)
   run_dir, options = parse_args(argv)
   distributed.initialize(common.to_dict(options.distributed))
   output = run(run_dir, options)
