@@ -316,6 +316,29 @@ def shards_rows(mesh: jax.sharding.Mesh | None) -> bool:
   return mesh is not None and mesh.devices.size > 1
 
 
+def row_multiple(mesh: jax.sharding.Mesh | None) -> int:
+  """The row count `call_sharded` pads a batch to a multiple of (mesh.fsdp)."""
+  return int(mesh.shape[BATCH_AXIS]) if shards_rows(mesh) else 1
+
+
+def pad_rows(arrays, multiple: int) -> list[np.ndarray]:
+  """Host arrays [B, ...] padded to a multiple of rows with the last row.
+
+  Args:
+    arrays: Arrays with the same leading size B >= 1.
+    multiple: >= 1.
+
+  Returns:
+    NumPy copies with ceil(B / multiple) * multiple rows; rows >= B repeat
+    row B - 1 (callers that sum over rows zero their weights).
+  """
+  arrays = [np.asarray(a) for a in arrays]
+  num = arrays[0].shape[0]
+  size = -(-num // multiple) * multiple
+  index = np.minimum(np.arange(size), num - 1)
+  return [a[index] for a in arrays]
+
+
 def call_sharded(fn, mesh: jax.sharding.Mesh | None, *arrays):
   """`fn(*arrays)` with the rows of `arrays` sharded over the mesh's fsdp axis.
 
@@ -345,12 +368,11 @@ def call_sharded(fn, mesh: jax.sharding.Mesh | None, *arrays):
         "call_sharded needs arrays with the same number of rows >= 1, got"
         f" shapes {[a.shape for a in arrays]}"
     )
-  fsdp = int(mesh.shape[BATCH_AXIS])
-  size = -(-num // fsdp) * fsdp
-  index = np.minimum(np.arange(size), num - 1)
+  arrays = pad_rows(arrays, row_multiple(mesh))
+  size = arrays[0].shape[0]
   lo, hi = process_rows(mesh, size)
   placed = global_batch(
-      {str(i): a[index[lo:hi]] for i, a in enumerate(arrays)}, mesh, size
+      {str(i): a[lo:hi] for i, a in enumerate(arrays)}, mesh, size
   )
   out = fn(*(placed[str(i)] for i in range(len(arrays))))
 
