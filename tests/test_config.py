@@ -172,3 +172,19 @@ def test_threshold_one_is_allowed():
 def test_denoise_sampling_fields_validated(kwargs, message):
   with pytest.raises(ValueError, match=message):
     DenoiseConfig(block_size=4, mask_token_id=0, **kwargs)
+
+
+def test_certainty_fields_default_off_and_validate_naming_the_field():
+  config = BlockDiffusionConfig(4, 0)
+  assert config.certainty_weight == 0.0
+  assert config.certainty_temperature == 1.0
+  on = BlockDiffusionConfig(4, 0, certainty_weight=1, certainty_temperature=2)
+  assert (on.certainty_weight, on.certainty_temperature) == (1, 2)
+  for bad in (-0.5, float("nan"), float("inf")):
+    with pytest.raises(ValueError, match=r"certainty_weight must be"):
+      BlockDiffusionConfig(4, 0, certainty_weight=bad)
+  for bad in (0.0, -1.0, float("nan")):
+    with pytest.raises(ValueError, match=r"certainty_temperature must be"):
+      BlockDiffusionConfig(4, 0, certainty_temperature=bad)
+  with pytest.raises(TypeError, match=r"certainty_weight must be a float"):
+    BlockDiffusionConfig(4, 0, certainty_weight="0.1")

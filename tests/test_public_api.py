@@ -34,6 +34,8 @@ def test_block_diffusion_config_fields_and_defaults():
       ("stream", "single"),
       ("min_noise", 1e-3),
       ("loss_weighting", "uniform"),
+      ("certainty_weight", 0.0),
+      ("certainty_temperature", 1.0),
   ]
 
 
@@ -118,11 +120,17 @@ def test_align_logits_signature_and_meaning():
 
 
 def test_diffusion_loss_signature_and_meaning():
-  assert list(_params(tbd.diffusion_loss)) == [
+  params = _params(tbd.diffusion_loss)
+  assert list(params) == [
       "logits",
       "targets",
       "loss_weights",
+      "certainty_weight",
+      "certainty_temperature",
   ]
+  assert params["certainty_weight"].kind == _KW
+  assert params["certainty_weight"].default == 0.0
+  assert params["certainty_temperature"].default == 1.0
   logits = jnp.zeros((1, 2, 4))
   out = tbd.diffusion_loss(logits, jnp.array([[1, 2]]), jnp.array([[1.0, 0.0]]))
   assert isinstance(out, tbd.LossOutput)

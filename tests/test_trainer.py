@@ -422,3 +422,35 @@ def test_with_diffusion_config_switches_the_objective(micro_batches):
 
   got, want = both(small)
   np.testing.assert_allclose(got, want, rtol=1e-6)
+
+
+def test_certainty_weight_reaches_the_trainer_loss(micro_batches):
+  small, _, _ = micro_batches
+  on = dataclasses.replace(DCFG, certainty_weight=0.5, certainty_temperature=2.0)
+  model = _model()
+  fields = ("inputs", "tokens", "positions", "segment_ids", "validity")
+
+  @jax.jit
+  def both(batch):
+    out = trainer_lib.make_diffusion_loss_fn(on)(
+        model, **trainer_lib.diffusion_model_inputs(batch)
+    )
+    reference = loss_lib.diffusion_loss(
+        trainer_lib.diffusion_logits(model, on, **{k: batch[k] for k in fields}),
+        batch["targets"],
+        batch["loss_weights"],
+        certainty_weight=0.5,
+        certainty_temperature=2.0,
+    )
+    return out, reference
+
+  got, want = both(small)
+  assert "certainty" in got.aux_metrics
+  np.testing.assert_allclose(
+      got.primary_loss.unreduced_sum, want.primary_loss.unreduced_sum, rtol=1e-6
+  )
+  np.testing.assert_allclose(
+      got.aux_metrics["certainty"].unreduced_sum,
+      want.aux_metrics["certainty"].unreduced_sum,
+      rtol=1e-6,
+  )

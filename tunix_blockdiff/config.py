@@ -77,6 +77,13 @@ class BlockDiffusionConfig:
       kept clean, so training sees clean context like inference does).
     min_noise: Lower bound of the per-block noise rate t ~ U[min_noise, 1].
     loss_weighting: `uniform` or `elbo` (each target weighted by 1/t).
+    certainty_weight: Weight c >= 0 of the optional certainty term
+      (dParallel's certainty forcing): the loss adds `c * w_i * H_i` at each
+      target slot i whose argmax already equals its target, `H_i` the
+      entropy of `softmax(logits_i / certainty_temperature)`, so parallel
+      decoding commits more slots per step. 0 (the default) turns it off and
+      leaves the loss exactly the cross-entropy.
+    certainty_temperature: Temperature > 0 of the certainty term's softmax.
   """
 
   block_size: int
@@ -86,6 +93,8 @@ class BlockDiffusionConfig:
   stream: str = "single"
   min_noise: float = 1e-3
   loss_weighting: str = "uniform"
+  certainty_weight: float = 0.0
+  certainty_temperature: float = 1.0
 
   def __post_init__(self):
     _check_int("block_size", self.block_size, 1)
@@ -96,6 +105,16 @@ class BlockDiffusionConfig:
     if not 0.0 < min_noise <= 1.0:
       raise ValueError(f"min_noise must satisfy 0 < min_noise <= 1, got {min_noise}")
     _check_choice("loss_weighting", self.loss_weighting, LOSS_WEIGHTINGS)
+    weight = _check_float("certainty_weight", self.certainty_weight)
+    if not 0.0 <= weight < float("inf"):
+      raise ValueError(f"certainty_weight must be finite and >= 0, got {weight}")
+    temperature = _check_float(
+        "certainty_temperature", self.certainty_temperature
+    )
+    if not 0.0 < temperature < float("inf"):
+      raise ValueError(
+          f"certainty_temperature must be finite and > 0, got {temperature}"
+      )
 
 
 @dataclasses.dataclass(frozen=True)

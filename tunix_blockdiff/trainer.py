@@ -109,8 +109,9 @@ def make_diffusion_loss_fn(
   """`loss_fn(model, **diffusion_model_inputs(batch)) -> LossOutput`.
 
   The primary loss is `WeightedMetric(sum_i w_i CE_i, #targets)` over the
-  batch (`objective.loss.diffusion_loss`); aux metrics are the target
-  accuracy and the target count.
+  batch (`objective.loss.diffusion_loss`), plus the certainty term when
+  `config.certainty_weight > 0`; aux metrics are the target accuracy and
+  the target count (and `certainty` when that term is on).
   """
   if not isinstance(config, config_lib.BlockDiffusionConfig):
     raise TypeError(
@@ -136,7 +137,13 @@ def make_diffusion_loss_fn(
         segment_ids=segment_ids,
         validity=validity,
     )
-    return loss_lib.diffusion_loss(logits, targets, loss_weights)
+    return loss_lib.diffusion_loss(
+        logits,
+        targets,
+        loss_weights,
+        certainty_weight=config.certainty_weight,
+        certainty_temperature=config.certainty_temperature,
+    )
 
   return diffusion_loss_fn
 

@@ -86,6 +86,20 @@ def test_bundled_recipes_load_and_build_valid_configs(name):
   common.make_optimizer(cfg.training)
 
 
+def test_recipe_certainty_keys_reach_the_config_and_are_validated():
+  from tunix_blockdiff import errors  # pylint: disable=g-import-not-at-top
+
+  cfg = common.load_recipe(["diffusion.certainty_weight=0.25"])
+  config = common.diffusion_config_from(cfg.diffusion)
+  assert (config.certainty_weight, config.certainty_temperature) == (0.25, 1.0)
+  assert common.diffusion_config_from(
+      common.load_recipe([]).diffusion
+  ).certainty_weight == 0.0
+  cfg = common.load_recipe(["diffusion.certainty_temperature=0"])
+  with pytest.raises(errors.UsageError, match="certainty_temperature"):
+    common.diffusion_config_from(cfg.diffusion)
+
+
 def test_write_summary_makes_numbers_plain(tmp_path):
   path = common.write_summary(
       tmp_path, {"a": np.float32(1.5), "b": np.arange(2), "c": float("nan")}

@@ -1,5 +1,9 @@
 """Tests for the weighted diffusion cross-entropy (LossOutput)."""
 
+import functools
+
+import hypothesis
+from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -195,3 +199,155 @@ def test_non_finite_logits_at_inactive_slots_do_not_leak_into_the_value():
   np.testing.assert_allclose(
       out.primary_loss.compute(), total / count, rtol=1e-5
   )
+
+
+# The optional certainty term (dParallel's certainty forcing).
+
+_certain = jax.jit(
+    functools.partial(loss_lib.diffusion_loss, certainty_weight=0.5,
+                      certainty_temperature=2.0)
+)
+
+
+def _entropy_reference(logits, temperature):
+  """NumPy float64 entropy [B, L] of softmax(logits / T)."""
+  z = np.asarray(logits, np.float64) / temperature
+  z = z - z.max(-1, keepdims=True)
+  p = np.exp(z) / np.exp(z).sum(-1, keepdims=True)
+  return -(p * np.log(p)).sum(-1)
+
+
+def test_certainty_term_matches_numpy_reference_on_correct_targets():
+  logits, targets, weights = _example(seed=9)
+  targets = targets.copy()
+  targets[0, :3] = logits[0, :3].argmax(-1)  # some right predictions.
+  targets[1, 0] = logits[1, 0].argmax(-1)
+  weights[1, 0] = 0.0                         # right, but not a target.
+  out = _certain(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  )
+  total, count = _reference(logits, targets, weights)
+  selected = (logits.argmax(-1) == targets) & (weights > 0)
+  assert selected.sum() >= 3
+  certainty = float(
+      (weights * selected * _entropy_reference(logits, 2.0)).sum()
+  )
+  metric = out.aux_metrics["certainty"]
+  np.testing.assert_allclose(metric.unreduced_sum, certainty, rtol=1e-5)
+  assert float(metric.denominator) == count
+  np.testing.assert_allclose(
+      out.primary_loss.unreduced_sum, total + 0.5 * certainty, rtol=1e-5
+  )
+  assert float(out.primary_loss.denominator) == count
+
+
+@hypothesis.settings(max_examples=15, deadline=None)
+@hypothesis.given(
+    seed=st.integers(0, 2**16), weight=st.floats(0.0, 3.0),
+    temperature=st.floats(0.1, 5.0),
+)
+def test_certainty_is_zero_at_wrong_or_unweighted_slots(
+    seed, weight, temperature
+):
+  logits, targets, weights = _example(seed=seed)
+  predicted = logits.argmax(-1)
+  # Every target right where its weight is 0, wrong where it is positive.
+  targets = np.where(weights > 0, (predicted + 1) % logits.shape[-1],
+                     predicted).astype(np.int32)
+  out = loss_lib.diffusion_loss(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights),
+      certainty_weight=weight, certainty_temperature=temperature,
+  )
+  plain = _loss(jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  if weight > 0:
+    assert float(out.aux_metrics["certainty"].unreduced_sum) == 0.0
+  np.testing.assert_allclose(
+      out.primary_loss.unreduced_sum, plain.primary_loss.unreduced_sum,
+      rtol=1e-6,
+  )
+
+
+def test_certainty_weight_zero_leaves_the_loss_exactly_unchanged():
+  logits, targets, weights = _example(seed=10)
+  targets = np.where(weights > 0, logits.argmax(-1), targets).astype(np.int32)
+  args = (jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights))
+  plain = _loss(*args)
+  off = jax.jit(functools.partial(
+      loss_lib.diffusion_loss, certainty_weight=0.0, certainty_temperature=3.0
+  ))(*args)
+  assert set(off.aux_metrics) == set(plain.aux_metrics) == {
+      "accuracy", "target_tokens"
+  }
+  assert float(off.primary_loss.unreduced_sum) == float(
+      plain.primary_loss.unreduced_sum
+  )
+  assert float(off.primary_loss.denominator) == float(
+      plain.primary_loss.denominator
+  )
+
+
+_certain_mean_and_grad = jax.jit(
+    jax.value_and_grad(
+        lambda x, t, w: loss_lib.diffusion_loss(
+            x, t, w, certainty_weight=1.0
+        ).primary_loss.compute()
+    )
+)
+
+
+def test_certainty_gradients_are_finite_with_all_zero_weights():
+  logits, targets, _ = _example(seed=11)
+  logits = logits.copy()
+  logits[1, 2, 3] = -np.inf  # no weight anywhere: nothing may leak.
+  targets = logits.argmax(-1).astype(np.int32)
+  value, grad = _certain_mean_and_grad(
+      jnp.asarray(logits), jnp.asarray(targets),
+      jnp.zeros(targets.shape, jnp.float32),
+  )
+  assert float(value) == 0.0
+  assert np.isfinite(grad).all() and not np.asarray(grad).any()
+
+
+def test_certainty_gradient_is_finite_with_minus_inf_logits_at_targets():
+  logits, _, weights = _example(seed=12)
+  logits = logits.copy()
+  logits[..., 0] = -np.inf  # e.g. a suppressed id, at every slot.
+  targets = logits.argmax(-1).astype(np.int32)
+  value, grad = _certain_mean_and_grad(
+      jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+  )
+  assert np.isfinite(value)
+  assert np.isfinite(np.asarray(grad)[..., 1:]).all()
+
+
+def test_training_on_the_certainty_term_lowers_entropy():
+  logits, _, weights = _example(seed=13)
+  targets = logits.argmax(-1).astype(np.int32)
+  x, t, w = jnp.asarray(logits), jnp.asarray(targets), jnp.asarray(weights)
+
+  def certainty(x):
+    return float(_certain(x, t, w).aux_metrics["certainty"].compute())
+
+  before = certainty(x)
+  for _ in range(5):
+    _, grad = _certain_mean_and_grad(x, t, w)
+    x = x - 0.5 * grad
+  assert certainty(x) < before
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(certainty_weight=-0.1), ValueError, "certainty_weight"),
+        (dict(certainty_weight=float("nan")), ValueError, "certainty_weight"),
+        (dict(certainty_temperature=0.0), ValueError, "certainty_temperature"),
+        (dict(certainty_temperature=-1.0), ValueError,
+         "certainty_temperature"),
+        (dict(certainty_weight="1"), TypeError, "certainty_weight"),
+    ],
+)
+def test_bad_certainty_values_raise_naming_the_argument(kwargs, error, match):
+  logits = jnp.zeros((1, 2, 3))
+  targets = jnp.zeros((1, 2), jnp.int32)
+  with pytest.raises(error, match=match):
+    loss_lib.diffusion_loss(logits, targets, jnp.ones((1, 2)), **kwargs)

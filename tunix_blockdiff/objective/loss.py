@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 import jax
 import jax.numpy as jnp
 
@@ -26,8 +28,53 @@ def token_cross_entropy(logits: jax.Array, targets: jax.Array) -> jax.Array:
   return log_norm - target_logit
 
 
+def token_entropy(
+    logits: jax.Array, temperature: float = 1.0, where: jax.Array | None = None
+) -> jax.Array:
+  """float32 [B, L] entropy (nats) of `softmax(logits / temperature)`.
+
+  Computed as `logsumexp(z) - sum(p * z)` with `z = logits / temperature`;
+  `-inf` logits (p = 0) add nothing to value or gradient. Where `where` is
+  False the logits are replaced by zeros before anything is computed, so NaN
+  or inf logits at those slots reach neither the value nor the gradient.
+
+  Args:
+    logits: float [B, L, V].
+    temperature: > 0.
+    where: Optional bool [B, L]: slots whose entropy is needed.
+  """
+  z = logits.astype(jnp.float32) / temperature
+  if where is not None:
+    z = jnp.where(where[..., None], z, 0.0)
+  probs = jax.nn.softmax(z, axis=-1)
+  finite_z = jnp.where(jnp.isfinite(z), z, 0.0)
+  return jax.nn.logsumexp(z, axis=-1) - jnp.sum(probs * finite_z, axis=-1)
+
+
+def _check_certainty(weight, temperature) -> tuple[float, float]:
+  """(certainty_weight, certainty_temperature) as floats, or raises."""
+  for name, value in (
+      ("certainty_weight", weight), ("certainty_temperature", temperature)
+  ):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+      raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+  weight, temperature = float(weight), float(temperature)
+  if not 0.0 <= weight < float("inf"):
+    raise ValueError(f"certainty_weight must be finite and >= 0, got {weight}")
+  if not 0.0 < temperature < float("inf"):
+    raise ValueError(
+        f"certainty_temperature must be finite and > 0, got {temperature}"
+    )
+  return weight, temperature
+
+
 def diffusion_loss(
-    logits: jax.Array, targets: jax.Array, loss_weights: jax.Array
+    logits: jax.Array,
+    targets: jax.Array,
+    loss_weights: jax.Array,
+    *,
+    certainty_weight: float = 0.0,
+    certainty_temperature: float = 1.0,
 ) -> compat.LossOutput:
   """Weighted cross-entropy over target slots, unreduced.
 
@@ -36,15 +83,32 @@ def diffusion_loss(
   tokens, so summing sums and denominators over micro-batches and dividing
   once gives the exact token-weighted mean of the whole batch.
 
+  With `certainty_weight = c > 0` (dParallel's certainty forcing) the sum
+  gains `c * sum_i w_i * [argmax_i == target_i] * H_i`, where `H_i` is the
+  entropy of `softmax(logits_i / certainty_temperature)`: at targets the
+  model already predicts right it is pushed to be confident, so a
+  threshold decoder commits more slots per step. The selection mask is
+  stop-gradient; the entropy is not. The denominator stays the target count
+  and zero-weight slots add nothing. With `c = 0` (the default) the term is
+  not computed and the loss is exactly the cross-entropy alone.
+
   Args:
     logits: float [B, L, V] target-aligned logits.
     targets: int [B, L] clean token ids (any id where the weight is 0).
     loss_weights: float/bool [B, L] per-target weights, >= 0.
+    certainty_weight: Weight c >= 0 of the certainty term (0: off).
+    certainty_temperature: Temperature > 0 of its softmax.
 
   Returns:
     `LossOutput` with `primary_loss` and aux metrics `accuracy`
-    (WeightedMetric over targets) and `target_tokens` (float32 scalar).
+    (WeightedMetric over targets) and `target_tokens` (float32 scalar);
+    with `certainty_weight > 0` also `certainty`, a WeightedMetric whose sum
+    is `sum_i w_i * [argmax_i == target_i] * H_i` (unscaled by c) over the
+    target count.
   """
+  certainty_weight, certainty_temperature = _check_certainty(
+      certainty_weight, certainty_temperature
+  )
   if logits.ndim != 3:
     raise ValueError(f"logits must have shape [batch, length, vocab], got {logits.shape}")
   if targets.shape != logits.shape[:2]:
@@ -70,7 +134,16 @@ def diffusion_loss(
       unreduced_sum=jnp.sum(jnp.where(active, correct, False).astype(jnp.float32)),
       denominator=count,
   )
+  aux_metrics = {"accuracy": accuracy, "target_tokens": count}
+  if certainty_weight > 0.0:
+    selected = jax.lax.stop_gradient(active & correct)
+    entropy = token_entropy(logits, certainty_temperature, where=selected)
+    certainty_sum = jnp.sum(jnp.where(selected, weights * entropy, 0.0))
+    loss_sum = loss_sum + certainty_weight * certainty_sum
+    aux_metrics["certainty"] = compat.WeightedMetric(
+        unreduced_sum=certainty_sum, denominator=count
+    )
   return compat.LossOutput(
       primary_loss=compat.WeightedMetric(unreduced_sum=loss_sum, denominator=count),
-      aux_metrics={"accuracy": accuracy, "target_tokens": count},
+      aux_metrics=aux_metrics,
   )
