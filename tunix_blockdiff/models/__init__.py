@@ -5,7 +5,7 @@
 | `registry`      | `model.kind` -> a Tunix model (`build_model`), vocab/window |
 | `hf_configs`    | HF `config.json` -> Tunix `ModelConfig`, refusals by name   |
 | `checkpoints`   | `load_hf` (safetensors), `HFTokenizer`, `merge_lora`        |
-| `hf_export`     | a Tunix model -> an HF directory (the inverse mapping)      |
+| `hf_export`     | any family -> an HF directory (`save_hf`, sharded; the inverse) |
 | `tiny`          | small randomly initialised models of every family           |
 | `logits`        | target-aligned block-diffusion logits of any family (was `modeling`) |
 | `flash`         | a model's flash attention through block-causal Splash/Tokamax kernels (was `attention.shim`) |
