@@ -13,9 +13,14 @@ With no recipe it runs the bundled `opd_tiny.yaml`:
    divergence (`bd_opd`, reverse KL by default) of the student's
    trajectory-exact distributions to the teacher's.
 
+With `teacher.kind: hf` step 1 loads `teacher.path` instead, a Hugging Face
+checkpoint of any family the package loads, frozen (`jobs.hf_teacher`; its
+tokenizer must agree with the student's, checked before anything runs).
+
 Prompts are the SFT task's, or rows `{"prompt", "answer"}` of the recipe's
 `dataset.train` / `dataset.eval` files (`jobs.rl_data`); the teacher then
-trains on the first `teacher.num_train` training rows and OPD uses the rest.
+trains on the first `teacher.num_train` training rows and OPD uses the rest
+(all of them with an HF teacher).
 
 Writes `summary.json` (student exact match and the divergence on held-out
 prompts before and after, teacher exact match, `seconds`) and `opd.png`.
@@ -34,6 +39,7 @@ from tunix.sft import metrics_logger as metrics_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import hf_teacher
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
@@ -148,7 +154,14 @@ def plot_opd(path, divergences, start, end, title):
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`)."""
   clock = common.Stopwatch()
+  hf_teacher.check_teacher_section(cfg.teacher)
   out = common.prepare_output_dir(cfg)
+  kind = hf_teacher.teacher_kind(cfg.teacher)
+  if kind == "hf":  # The tokenizers agree before anything runs.
+    hf_teacher.check_student(
+        cfg.teacher,
+        rl_common.policy_recipe(cfg.student, out, cfg.get("mesh")),
+    )
   mesh = rl_common.rl_mesh(cfg.get("mesh"))
   student, sft_cfg, sft_summary = rl_common.load_policy(
       cfg.student, out, mesh, cfg.get("mesh")
@@ -158,7 +171,8 @@ def run(cfg) -> dict[str, Any]:
   opd_cfg = cfg.opd
   steps = int(opd_cfg.steps)
   prompts_per_step = int(opd_cfg.prompts_per_step)
-  num_teacher = int(cfg.teacher.num_train)
+  # An HF teacher trains on nothing: OPD gets every training prompt.
+  num_teacher = int(cfg.teacher.num_train) if kind == "ar" else 0
   prompts = rl_data.recipe_prompts(
       cfg,
       sft_cfg,
@@ -176,15 +190,18 @@ def run(cfg) -> dict[str, Any]:
   opd_rows = prompts.train[num_teacher:]
 
   teacher_clock = common.Stopwatch()
-  teacher, teacher_losses = ar_teacher.train_ar_teacher(
-      cfg.teacher,
-      tokenizer,
-      vocab_size,
-      teacher_pairs,
-      seq_len=int(sft_cfg.data.seq_len),
-      seed=int(cfg.seed) + 7,
-      mesh=mesh,
-  )
+  if kind == "hf":  # Loaded, placed on the mesh, frozen: no training.
+    teacher, teacher_losses = hf_teacher.load_teacher(cfg.teacher, mesh), None
+  else:
+    teacher, teacher_losses = ar_teacher.train_ar_teacher(
+        cfg.teacher,
+        tokenizer,
+        vocab_size,
+        teacher_pairs,
+        seq_len=int(sft_cfg.data.seq_len),
+        seed=int(cfg.seed) + 7,
+        mesh=mesh,
+    )
   teacher_seconds = teacher_clock()
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   teacher_em = ar_teacher.teacher_exact_match(
@@ -271,8 +288,11 @@ def run(cfg) -> dict[str, Any]:
       "divergence": algo_config.divergence,
       "estimator": algo_config.estimator,
       "teacher_exact_match": teacher_em,
+      "teacher_kind": kind,
       "teacher_final_loss": (
-          float(teacher_losses[-1]) if teacher_losses.size else None
+          float(teacher_losses[-1])
+          if teacher_losses is not None and teacher_losses.size
+          else None
       ),
       "train_divergence": train_divergence.tolist(),
       "steps": steps,

@@ -70,6 +70,15 @@ def sft_warm_start(
   """
   from tunix_blockdiff.jobs import sft as sft_job  # pylint: disable=g-import-not-at-top
 
+  directory, sft_cfg = warm_start_recipe(init_cfg, out, mesh_cfg)
+  summary = sft_job.run(sft_cfg)
+  return directory, summary
+
+
+def warm_start_recipe(
+    init_cfg, out: pathlib.Path, mesh_cfg=None
+) -> tuple[pathlib.Path, omegaconf.DictConfig]:
+  """(dir, SFT recipe) of the warm start `sft_warm_start` runs; no compute."""
   directory = out / str(init_cfg.get("output_subdir", "sft"))
   overrides = [str(o) for o in init_cfg.sft_overrides or []]
   if mesh_cfg is not None:
@@ -80,8 +89,30 @@ def sft_warm_start(
   sft_cfg = common.load_recipe(
       [str(init_cfg.sft_recipe), *overrides, f"output_dir={directory}"]
   )
-  summary = sft_job.run(sft_cfg)
-  return directory, summary
+  return directory, sft_cfg
+
+
+def policy_recipe(
+    init_cfg, out: pathlib.Path, mesh_cfg=None
+) -> omegaconf.DictConfig:
+  """The SFT recipe of the policy `load_policy` would load, read only.
+
+  For checks before any compute: `init.checkpoint`'s saved recipe, or the
+  warm start's recipe (nothing runs).
+
+  Raises:
+    errors.MissingFileError: `init.checkpoint` has no saved recipe.
+  """
+  if not init_cfg.checkpoint:
+    return warm_start_recipe(init_cfg, out, mesh_cfg)[1]
+  recipe_file = pathlib.Path(str(init_cfg.checkpoint)).expanduser() / (
+      common.RECIPE_FILE
+  )
+  if not recipe_file.is_file():
+    raise errors.MissingFileError(
+        f"{recipe_file} not found: the checkpoint must be an SFT output_dir"
+    )
+  return omegaconf.OmegaConf.load(recipe_file)
 
 
 def load_policy(
@@ -294,7 +325,9 @@ __all__ = [
     "load_policy",
     "load_sft_policy",
     "make_rl_optimizer",
+    "policy_recipe",
     "rollout_configs",
     "rl_mesh",
     "sft_warm_start",
+    "warm_start_recipe",
 ]
