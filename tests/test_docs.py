@@ -177,6 +177,10 @@ def check_invocation(args: list[str]) -> None:
     parsed = launch.parse_args(args[1:])
     check_invocation(parsed.command[1:] if parsed.command[0] == "--" else
                      parsed.command)
+  elif command == "distill-data" and rest:  # Bare: prints its usage.
+    from tunix_blockdiff.jobs import distill_data  # pylint: disable=g-import-not-at-top
+
+    distill_data.parse_args(args[1:])
   elif command == "bench":
     name = args[1] if len(args) > 1 else "NAME"
     assert _placeholder(name) or name in bench.available(), (
@@ -308,6 +312,7 @@ def test_the_checks_catch_drift():
       ["generate", "RUN_DIR", "thresold=0.5"],
       ["sft", "mesh.dp=2"],
       ["bench", "no_such_benchmark"],
+      ["distill-data", "HF_DIR", "P.jsonl", "OUT.jsonl", "--top-k", "3"],
   ):
     with pytest.raises((AssertionError, ValueError)):
       check_invocation(args)

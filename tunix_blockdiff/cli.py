@@ -18,11 +18,12 @@ COMMANDS = {
     "opd": "on-policy distillation into a block-diffusion student",
     "bench": "run a benchmark script from benchmarks/",
     "launch": "run N local processes of a command as one JAX distributed job",
+    "distill-data": "an AR checkpoint's own completions of prompts, as SFT jsonl",
 }
 
 USAGE = "usage: tunix-blockdiff {%s} [RECIPE.yaml] [key=value ...]\n\n%s" % (
     ",".join(COMMANDS),
-    "\n".join(f"  {name:<9} {help_}" for name, help_ in COMMANDS.items()),
+    "\n".join(f"  {name:<12} {help_}" for name, help_ in COMMANDS.items()),
 )
 
 
@@ -35,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
   if command not in COMMANDS:
     print(f"unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
     return 2
-  module = importlib.import_module(f"tunix_blockdiff.jobs.{command}")
+  # `distill-data` lives in `jobs/distill_data.py`.
+  module = importlib.import_module(
+      f"tunix_blockdiff.jobs.{command.replace('-', '_')}"
+  )
   try:
     result = module.main(rest)
   except errors.UsageError as e:
