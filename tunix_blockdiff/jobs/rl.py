@@ -34,6 +34,7 @@ from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
@@ -98,6 +99,10 @@ def run(cfg) -> dict[str, Any]:
   out = common.prepare_output_dir(cfg)
   if cfg.get("reward"):  # A bad spec fails before the warm start.
     rl_reward.load_reward_fn(str(cfg.reward), columns=None)
+  every, keep = rl_checkpoints.checkpoint_every(
+      cfg.grpo, "grpo", int(cfg.grpo.num_iterations)
+  )
+  resume = rl_checkpoints.load_resume(out) if every else None
   mesh = rl_common.rl_mesh(cfg.get("mesh"))
   policy, sft_cfg, sft_summary = rl_common.load_policy(
       cfg.init, out, mesh, cfg.get("mesh")
@@ -121,7 +126,7 @@ def run(cfg) -> dict[str, Any]:
   held_out = prompts.held_out
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
-  train_rewards: list[float] = []
+  train_rewards: list[float] = list(resume[1]["train_rewards"]) if resume else []
 
   @functools.wraps(reward_fn)
   def tracked_reward(prompts, completions, **kwargs):
@@ -141,6 +146,7 @@ def run(cfg) -> dict[str, Any]:
           log_dir=str(out / "tensorboard"), flush_every_n_steps=20
       ),
       pbar_description="block-diffusion GRPO",
+      **rl_checkpoints.training_config_kwargs(out, every, keep),
   )
   reference = None
   if float(grpo_cfg.beta) != 0.0:
@@ -174,6 +180,20 @@ def run(cfg) -> dict[str, Any]:
   )
   eval_batch = int(cfg.eval.batch_size)
   samples = int(cfg.eval.samples_per_prompt)
+  base_cost = dict(resume[1]["cost"]) if resume else {}
+  recorded: list = []
+
+  def job_state():
+    return {
+        "rollout_calls": cluster.rollout.calls,
+        "train_rewards": list(train_rewards),
+        "cost": rl_checkpoints.add_costs(
+            base_cost,
+            rl_common.block_diffusion_rollout_cost(recorded, max_new_tokens),
+        ),
+    }
+
+  rl_checkpoints.track_state(cluster.actor_trainer, out, every, job_state)
 
   def evaluate():
     greedy = []
@@ -199,14 +219,28 @@ def run(cfg) -> dict[str, Any]:
           "completions": greedy,
       }
 
-  start = evaluate()
+  if resume:  # The evaluation before training, and the rollout RNG.
+    start = resume[0]["eval"]
+    cluster.rollout.calls = int(resume[1]["rollout_calls"])
+  else:
+    start = evaluate()
+    if every:
+      rl_checkpoints.save_start(
+          out, {"eval": start, "rollout_calls": cluster.rollout.calls}
+      )
   rl_clock = common.Stopwatch()
   with mesh, cluster.rollout.record_outputs() as rollouts:
+    recorded = rollouts
     learner.train(list(rl_data.prompt_batches(prompts.train, prompts_per_step)))
   rl_seconds = rl_clock()
   # Training rollouts only (evaluation runs outside the recorder).
-  cost = rl_common.block_diffusion_rollout_cost(rollouts, max_new_tokens)
+  cost = job_state()["cost"]
+  recorded = []
   del rollouts
+  with mesh:
+    rl_checkpoints.save_policy(
+        out, cluster.actor_trainer.model, sft_cfg, cluster.actor_trainer.train_steps
+    )
   end = evaluate()
   per_step = prompts_per_step * int(grpo_cfg.num_generations)
   batch_rewards = [

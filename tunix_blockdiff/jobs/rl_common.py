@@ -9,6 +9,7 @@ same way for GRPO and OPD. Prompts and rewards are in `jobs.rl_data`.
 from __future__ import annotations
 
 import functools
+import json
 import pathlib
 from typing import Sequence
 
@@ -23,6 +24,8 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import outputs
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.rollout import engine as engine_lib
 
@@ -32,19 +35,21 @@ Mode = rl_cluster_lib.Mode
 def load_sft_policy(
     directory: str | pathlib.Path, mesh: jax.sharding.Mesh | None = None
 ):
-  """(model, SFT recipe) restored from an SFT job's `output_dir`.
+  """(model, SFT recipe) restored from an SFT, rl or opd job's `output_dir`.
 
-  The model is rebuilt from the saved recipe and its parameters (or LoRA
-  parameters, on top of the seed-determined base) restored from the latest
-  Orbax checkpoint in `checkpoints/`. Under a `mesh` the parameters are
-  placed by the model's partition specs first, so every process restores
-  its own shards.
+  An rl/opd output_dir's final policy is its `policy/` subdirectory
+  (`rl_checkpoints.policy_dir`). The model is rebuilt from the saved recipe
+  and its parameters (or LoRA parameters, on top of the seed-determined
+  base) restored from the latest Orbax checkpoint in `checkpoints/`. Under
+  a `mesh` the parameters are placed by the model's partition specs first,
+  so every process restores its own shards.
   """
-  directory = pathlib.Path(directory).expanduser()
+  directory = rl_checkpoints.policy_dir(directory)
   recipe_file = directory / common.RECIPE_FILE
   if not recipe_file.is_file():
     raise FileNotFoundError(
-        f"{recipe_file} not found: init.checkpoint must be an SFT output_dir"
+        f"{recipe_file} not found: init.checkpoint must be the output_dir of"
+        " an sft, rl or opd run"
     )
   sft_cfg = omegaconf.OmegaConf.load(recipe_file)
   model = common.build_model(sft_cfg.model, seed=int(sft_cfg.seed), mesh=mesh)
@@ -71,6 +76,9 @@ def sft_warm_start(
   from tunix_blockdiff.jobs import sft as sft_job  # pylint: disable=g-import-not-at-top
 
   directory, sft_cfg = warm_start_recipe(init_cfg, out, mesh_cfg)
+  summary_file = directory / outputs.SUMMARY_FILE
+  if summary_file.is_file():  # A relaunch: the warm start finished before.
+    return directory, json.loads(summary_file.read_text())
   summary = sft_job.run(sft_cfg)
   return directory, summary
 
@@ -105,7 +113,7 @@ def policy_recipe(
   """
   if not init_cfg.checkpoint:
     return warm_start_recipe(init_cfg, out, mesh_cfg)[1]
-  recipe_file = pathlib.Path(str(init_cfg.checkpoint)).expanduser() / (
+  recipe_file = rl_checkpoints.policy_dir(str(init_cfg.checkpoint)) / (
       common.RECIPE_FILE
   )
   if not recipe_file.is_file():

@@ -18,6 +18,7 @@ The rollout engine must be `BlockDiffusionRollout` (or a partial of it).
 from __future__ import annotations
 
 import copy
+import os
 
 from absl import logging
 import jax.numpy as jnp
@@ -40,28 +41,38 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
   """
 
   def _init_cluster(self):
-    super()._init_cluster()
+    # RLCluster's own actor trainer is replaced below, so it must not restore
+    # a checkpoint (its optimizer is an optax.MultiSteps, the replacement's
+    # is not: the states differ); the replacement restores instead.
+    config = self.cluster_config.training_config
+    root = config.checkpoint_root_directory
+    config.checkpoint_root_directory = None
+    try:
+      super()._init_cluster()
+    finally:
+      config.checkpoint_root_directory = root
     if not isinstance(self._rollout, engine_lib.BlockDiffusionRollout):
       raise TypeError(
           "BlockDiffusionRLCluster needs cluster_config.rollout_engine ="
           " BlockDiffusionRollout (or a functools.partial of it), got"
           f" {type(self._rollout).__name__}"
       )
-    self._replace_actor_trainer()
+    self._replace_actor_trainer(
+        None if root is None else os.path.join(root, "actor")
+    )
 
-  def _replace_actor_trainer(self) -> None:
+  def _replace_actor_trainer(self, checkpoint_directory: str | None) -> None:
     """Rebuilds the actor trainer as a `BlockDiffusionRLTrainer`.
 
     Same model, optimizer transformation, config, logger, tracers and
-    checkpoint metadata as the trainer `RLCluster` built.
+    checkpoint metadata as the trainer `RLCluster` built; it checkpoints to
+    (and restores from) `checkpoint_directory` (RLCluster's `<root>/actor`).
     """
     old = self._actor_trainer
     training_config = copy.copy(self.cluster_config.training_config)
     training_config.metrics_prefix = old.config.metrics_prefix
     training_config.pbar_description = old.config.pbar_description
-    training_config.checkpoint_root_directory = (
-        old.config.checkpoint_root_directory
-    )
+    training_config.checkpoint_root_directory = checkpoint_directory
     with self._get_mesh_and_logical_axis_rules_cm(Role.ACTOR):
       self._actor_trainer = rl_trainer_lib.BlockDiffusionRLTrainer(
           model=old.model,

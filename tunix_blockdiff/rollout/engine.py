@@ -193,6 +193,24 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
       )
     return encoded.tokens, encoded.lengths
 
+  @property
+  def calls(self) -> int:
+    """`generate` calls so far: call i samples with `fold_in(seed key, i)`.
+
+    The rollout RNG's whole state; the rl and opd jobs save it with each
+    checkpoint and set it back on resume, so a resumed run draws the noise
+    an uninterrupted one would.
+    """
+    return self._calls
+
+  @calls.setter
+  def calls(self, value: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+      raise TypeError(f"calls must be an int, got {type(value).__name__}")
+    if value < 0:
+      raise ValueError(f"calls must be >= 0, got {value}")
+    self._calls = int(value)
+
   def _next_key(self, rollout_config: base_rollout.RolloutConfig) -> jax.Array:
     seed = rollout_config.seed
     if seed is None:
