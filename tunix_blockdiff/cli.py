@@ -1,4 +1,4 @@
-"""The `tunix-blockdiff` command: sft, generate, rl, opd, bench.
+"""The `tunix-blockdiff` command: sft, generate, export, rl, opd, bench.
 
 Each subcommand lives in `tunix_blockdiff.jobs.<name>` and is imported only
 when used, so `tunix-blockdiff --help` is instant.
@@ -14,6 +14,7 @@ from tunix_blockdiff import errors
 COMMANDS = {
     "sft": "block-diffusion SFT (default: the embedded tiny recipe)",
     "generate": "generate from a checkpoint and render the denoising trajectory",
+    "export": "write an SFT run as a Hugging Face directory (LoRA merged)",
     "rl": "GRPO with the block-diffusion rollout",
     "opd": "on-policy distillation into a block-diffusion student",
     "bench": "run a benchmark script from benchmarks/",

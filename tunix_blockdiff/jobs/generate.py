@@ -1,7 +1,9 @@
 """`tunix-blockdiff generate RUN_DIR [key=value ...]`: generate from a checkpoint.
 
 Loads the recipe and latest checkpoint that `tunix-blockdiff sft` wrote to
-RUN_DIR, generates completions for the given prompts with the exact
+RUN_DIR (or the Hugging Face directory `tunix-blockdiff export` wrote, whose
+config.json `block_diffusion` section supplies the settings and the
+defaults below), generates completions for the given prompts with the exact
 block-KV-cached driver, prints them with each token coloured by the
 denoising step that committed it, and writes the trajectory as a PNG plus a
 `generate.json` with tokens, commit steps and log-probs.
@@ -38,6 +40,7 @@ from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import exported
 from tunix_blockdiff.jobs import sft_data
 
 DEFAULTS = {
@@ -65,21 +68,32 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
         " the output_dir of a `tunix-blockdiff sft` run"
     )
   run_dir = pathlib.Path(argv.pop(0)).expanduser().resolve()
+  if exported.is_exported(run_dir):
+    decoding = exported.read_section(run_dir)["decoding"]
+    return run_dir, parse_options(argv, decoding)
   if not (run_dir / common.RECIPE_FILE).is_file():
     raise errors.MissingFileError(
         f"{run_dir / common.RECIPE_FILE} not found: RUN_DIR must be the"
-        " output_dir of a `tunix-blockdiff sft` run"
+        " output_dir of a `tunix-blockdiff sft` run or a directory"
+        " `tunix-blockdiff export` wrote"
     )
   return run_dir, parse_options(argv)
 
 
-def parse_options(overrides: Sequence[str]) -> omegaconf.DictConfig:
+def parse_options(
+    overrides: Sequence[str], defaults: dict[str, Any] | None = None
+) -> omegaconf.DictConfig:
   """The generate options (`DEFAULTS`) with `key=value` overrides applied.
+
+  Args:
+    overrides: `key=value` strings.
+    defaults: Replacements for some `DEFAULTS` (an exported directory's
+      decoding defaults).
 
   Raises:
     UsageError: An unknown option (with the nearest known one).
   """
-  options = omegaconf.OmegaConf.create(DEFAULTS)
+  options = omegaconf.OmegaConf.create({**DEFAULTS, **(defaults or {})})
   omegaconf.OmegaConf.set_struct(options, True)
   try:
     return omegaconf.OmegaConf.merge(
@@ -135,6 +149,46 @@ def eval_budget(run_data) -> int | None:
   return longest if task_max is None else int(task_max) + 1
 
 
+def held_out_prompts(cfg, tokenizer, model, diffusion):
+  """A run's default prompts and eval budget, from its held-out data.
+
+  Returns:
+    ([{prompt, ids, answer}] of the first 4 held-out examples, the eval
+    budget (`eval_budget`), whether exact match is scored (a task run)).
+  """
+  run_data = sft_data.build_sft_data(
+      cfg,
+      tokenizer,
+      seq_len=int(cfg.data.seq_len),
+      vocab_size=common.model_vocab_size(model),
+      mask_token_id=diffusion.mask_token_id,
+      train=False,
+  )
+  prompts = [
+      {"prompt": p, "ids": [int(t) for t in run_data.eval[i].prompt],
+       "answer": a}
+      for i, (p, a) in enumerate(run_data.eval_pairs[:4])
+  ]
+  return prompts, eval_budget(run_data), run_data.task is not None
+
+
+def _load(run_dir: pathlib.Path, options, mesh):
+  """(model, tokenizer, diffusion, step, held-out prompts, budget, scored)."""
+  if exported.is_exported(run_dir):
+    loaded = exported.load(run_dir, mesh)
+    return (*loaded[:4], loaded.eval_prompts, None, loaded.scored)
+  cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
+  tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
+  diffusion = common.diffusion_config_from(cfg.diffusion)
+  model, step = load_trained_model(run_dir, cfg, mesh)
+  held_out, budget, scored = [], None, False
+  if options.prompts is None or options.max_new_tokens is None:
+    # The run's held-out data (its task, or its dataset's eval split): the
+    # default prompts, and the eval budget the run itself generated with.
+    held_out, budget, scored = held_out_prompts(cfg, tokenizer, model, diffusion)
+  return model, tokenizer, diffusion, step, held_out, budget, scored
+
+
 def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
   """Generates and renders; returns what `generate.json` holds."""
   mesh = common.build_mesh(options.mesh)
@@ -143,33 +197,16 @@ def run(run_dir: pathlib.Path, options) -> dict[str, Any]:
 
 
 def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
-  cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
-  tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
-  diffusion = common.diffusion_config_from(cfg.diffusion)
-  model, step = load_trained_model(run_dir, cfg, mesh)
-
-  task, encoded, budget = None, None, None
-  run_data = None
-  if options.prompts is None or options.max_new_tokens is None:
-    # The run's held-out data (its task, or its dataset's eval split): the
-    # default prompts, and the eval budget the run itself generated with.
-    run_data = sft_data.build_sft_data(
-        cfg,
-        tokenizer,
-        seq_len=int(cfg.data.seq_len),
-        vocab_size=common.model_vocab_size(model),
-        mask_token_id=diffusion.mask_token_id,
-        train=False,
-    )
-    budget = eval_budget(run_data)
+  model, tokenizer, diffusion, step, held_out, budget, scored = _load(
+      run_dir, options, mesh
+  )
+  encoded = None
   if options.prompts is None:
-    task = run_data.task
-    pairs = run_data.eval_pairs[:4]
-    prompts = [p for p, _ in pairs]
-    answers = [a for _, a in pairs]
-    examples = [run_data.eval[i] for i in range(len(pairs))]
-    encoded = [list(ex.prompt) for ex in examples]
+    prompts = [h["prompt"] for h in held_out]
+    answers = [h["answer"] for h in held_out]
+    encoded = [list(h["ids"]) for h in held_out]
   else:
+    scored = False
     prompts = [str(p) for p in options.prompts]
     answers = [None] * len(prompts)
   if not prompts:
@@ -274,7 +311,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
       "answers": answers,
       "exact_match": (
           None
-          if task is None
+          if not scored
           else float(np.mean([c == a for c, a in zip(completions, answers)]))
       ),
       "tokens": tokens,
