@@ -306,7 +306,7 @@ def test_every_recipe_key_exists(page, key):
 def test_the_checks_catch_drift():
   """Each check fails on what it must refuse (so the tests above can fail)."""
   for args in (
-      ["export", "RUN", "OUT"],                      # no such command
+      ["exprot", "RUN", "OUT"],                      # no such command
       ["sft", "training.max_stepz=3"],               # unknown key
       ["rl", "dataset.train=x.jsonl", "dataset.formats=parquet"],
       ["generate", "RUN_DIR", "thresold=0.5"],
