@@ -56,6 +56,26 @@ RUN = [
     "grpo.checkpoint_every_n_steps=2",
     "reward=bd_resume_reward:distinct",
 ]
+OPD = [
+    "opd",
+    "teacher.num_layers=1",
+    "teacher.embed_dim=16",
+    "teacher.hidden_dim=32",
+    "teacher.num_heads=2",
+    "teacher.head_dim=8",
+    "teacher.num_kv_heads=1",
+    "teacher.steps=2",
+    "teacher.warmup_steps=1",
+    "teacher.batch_size=8",
+    "teacher.num_train=16",
+    "opd.steps=1",
+    "opd.prompts_per_step=2",
+    "opd.micro_batch_prompts=2",
+    "eval.num_prompts=2",
+    "eval.batch_size=2",
+    "rollout.max_tokens_to_generate=4",
+    "rollout.max_prompt_length=10",
+]
 # Completions rewarded before step 3's rollouts: the sampled and greedy
 # held-out evaluations (4 + 4) and two steps of 2 x 4 rollouts.
 BEFORE_STEP_3 = 8 + 2 * 8
@@ -116,7 +136,7 @@ def _kill_after_step_2(run, out: pathlib.Path, reward_dir: pathlib.Path):
   process.stderr.close()
 
 
-def test_killed_rl_resumes_to_the_uninterrupted_result(
+def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
     untrained_policy, reward_module, tmp_path
 ):
   run = [*RUN, f"init.checkpoint={untrained_policy}"]
@@ -140,9 +160,16 @@ def test_killed_rl_resumes_to_the_uninterrupted_result(
   assert want.keys() == got.keys()
   for key in want:
     np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
-  # The final policy is a run directory the next stage loads.
-  assert (killed / "policy" / "recipe.yaml").is_file()
+  # The final policy is a run directory the next stages load: opd on the rl
+  # run, then generate and rl on the opd run.
   assert rl_checkpoints.policy_dir(killed) == killed / "policy"
+  opd_run = tmp_path / "opd"
+  assert cli.main([*OPD, f"student.checkpoint={killed}", f"output_dir={opd_run}"]) == 0
+  assert (opd_run / "policy" / "recipe.yaml").is_file()
+  assert cli.main(["generate", str(opd_run), "color=false", "max_new_tokens=4"]) == 0
+  assert (opd_run / "policy" / "generate.json").is_file()
+  model, _ = rl_common.load_sft_policy(opd_run)
+  assert model is not None
 
 
 def test_checkpoint_settings_are_checked(untrained_policy, tmp_path):

@@ -23,7 +23,9 @@ trains on the first `teacher.num_train` training rows and OPD uses the rest
 (all of them with an HF teacher).
 
 Writes `summary.json` (student exact match and the divergence on held-out
-prompts before and after, teacher exact match, `seconds`) and `opd.png`.
+prompts before and after, teacher exact match, `seconds`), `opd.png`,
+`tensorboard/` and the trained student in `policy/` (what `generate`, `rl
+init.checkpoint=` and `opd student.checkpoint=` take).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import hf_teacher
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
@@ -265,6 +268,10 @@ def run(cfg) -> dict[str, Any]:
   with mesh:
     learner.train(list(rl_data.prompt_batches(opd_rows, prompts_per_step)))
   opd_seconds = opd_clock()
+  with mesh:  # The trained student: a run directory the next stage loads.
+    rl_checkpoints.save_policy(
+        out, cluster.actor_trainer.model, sft_cfg, cluster.actor_trainer.train_steps
+    )
   end = evaluate()
   trainer = cluster.actor_trainer
   logger = trainer.metrics_logger

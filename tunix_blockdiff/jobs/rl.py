@@ -16,8 +16,12 @@ split off) and `reward=package.module:function` (Tunix's reward signature
 arrive as keyword arguments). See `jobs.rl_data`.
 
 Writes to `output_dir`: the resolved recipe, `summary.json` (`reward_start`,
-`reward_end`, `steps`, `seconds`, greedy exact match before and after, ...)
-and `rl.png` (the reward curve).
+`reward_end`, `steps`, `seconds`, greedy exact match before and after, ...),
+`rl.png` (the reward curve), `tensorboard/`, the trained policy in
+`policy/` (what `generate`, `rl init.checkpoint=` and `opd
+student.checkpoint=` take), and with `grpo.checkpoint_every_n_steps`
+`checkpoints/`, from which relaunching the same command resumes exactly
+(`jobs.rl_checkpoints`).
 """
 
 from __future__ import annotations
