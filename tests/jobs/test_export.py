@@ -5,6 +5,7 @@ Round trips (export -> `load_hf`) in every family with and without LoRA,
 line, exit 2, nothing written.
 """
 
+import importlib.util
 import json
 import pathlib
 import shutil
@@ -22,6 +23,13 @@ from tunix_blockdiff.jobs import exported
 from tunix_blockdiff.jobs import generate as generate_job
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
+
+_spec = importlib.util.spec_from_file_location(
+    "tests_data_hf_tokenizer",
+    pathlib.Path(__file__).parents[1] / "data" / "hf_tokenizer.py",
+)
+hf_tokenizer = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hf_tokenizer)
 
 SIZES = {
     "num_layers": 2,
@@ -61,6 +69,7 @@ def _make_run(directory, family, *, lora=None, extra=(), **sizes):
       "tiny.yaml",
       "task.kwargs.min_digits=2",
       "task.kwargs.max_digits=3",
+      "task.num_train=8",
       "task.num_eval=4",
       "data.seq_len=14",
       "diffusion.block_size=4",
@@ -84,6 +93,15 @@ def _make_run(directory, family, *, lora=None, extra=(), **sizes):
   manager.save(3, model, save_only_lora_params=bool(lora), force=True)
   manager.close()
   return out, model
+
+
+def _generate_both(run, out, *options):
+  """generate's results on the run and on the exported directory."""
+  options = ["color=false", *options]
+  return [
+      generate_job.run(*generate_job.parse_args([str(path), *options]))
+      for path in (run, out)
+  ]
 
 
 def _logits(model, vocab=50):
@@ -148,10 +166,7 @@ def test_generate_on_the_export_matches_the_run(tmp_path, untrained_policy):
   assert section["tokenizer"]["kind"] == "char"
   assert section["decoding"]["threshold"] == 0.9
   assert len(section["eval_prompts"]) == 4
-  options = ["color=false"]
-  from_run = generate_job.run(run, generate_job.parse_args([str(run)] + options)[1])
-  path, parsed = generate_job.parse_args([str(out)] + options)
-  from_hf = generate_job.run(path, parsed)
+  from_run, from_hf = _generate_both(run, out)
   assert from_hf["prompts"] == from_run["prompts"]
   np.testing.assert_array_equal(from_hf["tokens"], from_run["tokens"])
   np.testing.assert_array_equal(from_hf["commit_step"], from_run["commit_step"])
@@ -159,12 +174,8 @@ def test_generate_on_the_export_matches_the_run(tmp_path, untrained_policy):
   assert from_hf["exact_match"] == from_run["exact_match"] is not None
   assert from_hf["checkpoint_step"] == from_run["checkpoint_step"] == 1
   # Custom prompts take the recorded eval budget; options still override.
-  prompts = ['prompts=["rev 12>"]', "steps_per_block=1"]
-  custom_run = generate_job.run(
-      run, generate_job.parse_args([str(run)] + options + prompts)[1]
-  )
-  custom_hf = generate_job.run(
-      out, generate_job.parse_args([str(out)] + options + prompts)[1]
+  custom_run, custom_hf = _generate_both(
+      run, out, 'prompts=["rev 12>"]', "steps_per_block=1"
   )
   np.testing.assert_array_equal(custom_hf["tokens"], custom_run["tokens"])
 
@@ -217,3 +228,41 @@ def test_gemma3_lora_on_einsum_weights_is_refused(tmp_path, capsys):
   run, _ = _make_run(tmp_path / "run", "gemma3", lora=".*q_einsum")
   err = _refused(capsys, ["export", str(run), str(tmp_path / "hf")], tmp_path)
   assert "cannot be merged" in err and "einsum" in err
+
+
+def test_an_rl_output_dir_exports_its_final_policy(tmp_path, untrained_policy):
+  rl_run = tmp_path / "rl"
+  shutil.copytree(untrained_policy, rl_run / "policy")
+  out = tmp_path / "hf"
+  assert cli.main(["export", str(rl_run), str(out)]) == 0
+  section = exported.read_section(out)
+  assert section["source"]["run"] == str(rl_run / "policy")
+
+
+def test_an_hf_tokenizer_travels_with_the_export(tmp_path):
+  tokenizer_dir = tmp_path / "tok"
+  assert hf_tokenizer.write_tiny_hf_tokenizer(tokenizer_dir) < 64
+  run, _ = _make_run(
+      tmp_path / "run",
+      "llama3",
+      extra=[
+          "tokenizer.kind=hf",
+          f"model.path={tokenizer_dir}",  # where tokenizer.kind=hf reads
+          "task.name=add",
+          "task.kwargs={min_digits: 1, max_digits: 2}",
+          "model.vocab_size=64",
+          "diffusion.mask_token_id=60",
+      ],
+  )
+  out = tmp_path / "hf"
+  assert cli.main(["export", str(run), str(out), "--tokenizer-files"]) == 0
+  assert (out / "tokenizer.json").is_file()
+  assert (out / "tokenizer_config.json").is_file()
+  config = json.loads((out / "config.json").read_text())
+  assert config["block_diffusion"]["tokenizer"] == {
+      "kind": "hf", "eos_token": None
+  }
+  assert config["eos_token_id"] == 3 and config["model_type"] == "llama"
+  from_run, from_hf = _generate_both(run, out, "steps_per_block=2")
+  np.testing.assert_array_equal(from_hf["tokens"], from_run["tokens"])
+  assert from_hf["completions"] == from_run["completions"]

@@ -1,7 +1,7 @@
 """`tunix-blockdiff export RUN OUT [options]`: an SFT run -> a Hugging Face dir.
 
-Loads RUN's recipe and latest checkpoint (LoRA merged, as `generate` does)
-and writes OUT, a new Hugging Face model directory that `checkpoints.load_hf`
+Loads RUN's recipe and latest checkpoint (LoRA merged, as `generate` does;
+an rl/opd output_dir exports its final `policy/`) and writes OUT, a new Hugging Face model directory that `checkpoints.load_hf`
 and `tunix-blockdiff generate OUT` read on their own:
 
   config.json          the family's HF config plus a `block_diffusion`
@@ -38,6 +38,7 @@ import omegaconf
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import exported
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import registry
 
@@ -95,7 +96,10 @@ def parse_args(argv: Sequence[str]) -> Args:
   except ValueError as e:
     raise errors.UsageError(f"--max-shard-size: {e}") from None
   run_dir, out = (pathlib.Path(p).expanduser().resolve() for p in positional)
-  return Args(run_dir, out, max_shard_bytes, tokenizer_files)
+  # An rl/opd output_dir holds its final policy, in the SFT layout, below.
+  return Args(
+      rl_checkpoints.policy_dir(run_dir), out, max_shard_bytes, tokenizer_files
+  )
 
 
 def has_checkpoint(run_dir: pathlib.Path) -> bool:
