@@ -25,6 +25,8 @@ from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import hf_teacher
 from tunix_blockdiff.jobs import opd as opd_job
 from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import registry
 from tunix_blockdiff.models import tiny as tiny_models
@@ -38,6 +40,13 @@ if hf_layout is None:
   hf_layout = importlib.util.module_from_spec(_spec)
   sys.modules[_spec.name] = hf_layout
   _spec.loader.exec_module(hf_layout)
+
+_tok_spec = importlib.util.spec_from_file_location(
+    "tests_data_hf_tokenizer",
+    pathlib.Path(__file__).parents[1] / "data" / "hf_tokenizer.py",
+)
+hf_tokenizer = importlib.util.module_from_spec(_tok_spec)
+_tok_spec.loader.exec_module(hf_tokenizer)
 
 VOCAB = 50  # The student's (tiny.yaml's model.vocab_size).
 CHAR_IDS = {"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
@@ -96,6 +105,16 @@ def test_every_family_loads_and_scores(tmp_path, family):
   )
   assert logits.shape == (2, 3, VOCAB) and logits.dtype == jnp.float32
   assert np.isfinite(np.asarray(logits)).all()
+  # The summary's teacher_exact_match (Tunix's Sampler) runs on every family.
+  exact = ar_teacher.teacher_exact_match(
+      teacher,
+      tasks.CharTokenizer(),
+      rl_reward.exact_match_reward(),
+      [{"prompt": "12", "answer": "21"}, {"prompt": "345", "answer": "543"}],
+      max_new_tokens=3,
+      max_prompt_length=6,
+  )
+  assert 0.0 <= exact <= 1.0
 
 
 def test_teacher_is_sharded_on_the_job_mesh(tmp_path):
@@ -130,6 +149,27 @@ def test_eos_list_and_absent_ids_agree(tmp_path):
   del config["pad_token_id"], config["bos_token_id"]
   (path / "config.json").write_text(json.dumps(config))
   _check(path)
+
+
+def test_a_teacher_tokenizer_is_compared_too(tmp_path):
+  path = _write_teacher(tmp_path / "t", "qwen3", vocab=64)
+  config = json.loads((path / "config.json").read_text())
+  for key in CHAR_IDS:
+    del config[key]
+  (path / "config.json").write_text(json.dumps(config))
+  size = hf_tokenizer.write_tiny_hf_tokenizer(path)
+  ids = hf_teacher.teacher_ids(path)
+  assert ids["tokenizer_size"] == size and ids["eos"] == {3}
+  # The student shares the teacher's tokenizer: they agree.
+  hf_teacher.check_tokenizers_agree(
+      path, checkpoints.HFTokenizer(path), vocab_size=64, mask_token_id=60
+  )
+  with pytest.raises(
+      errors.UsageError, match=f"tokenizer has {size} ids, the student's 50"
+  ):
+    hf_teacher.check_tokenizers_agree(
+        path, tasks.CharTokenizer(), vocab_size=64, mask_token_id=3
+    )
 
 
 def test_mask_id_must_be_a_teacher_id(tmp_path):
