@@ -4,8 +4,8 @@ Every `tunix-blockdiff ...` command line they show (in code blocks, with
 `\\` continuations joined, or in inline code) must parse: the subcommand
 exists, `sft`/`rl`/`opd` overrides load against their recipe with the
 sections the jobs check (`dataset`, `distributed`, `mesh`), `generate`
-options are known, `launch` arguments parse (and so does the command after
-`--`), `bench` names a script in `benchmarks/`. Every recipe key they name
+options are known, `export` and `launch` arguments parse (and so does the
+command after `--`), `bench` names a script in `benchmarks/`. Every recipe key they name
 (`training.max_steps`, `dataset.fields.prompt=...`, the keys of YAML
 blocks) must exist in a bundled recipe or in the schema of a section the
 recipes leave null. Upper-case words (`RUN_DIR`, `NAME`) and `[...]` are
@@ -25,6 +25,7 @@ from tunix_blockdiff import cli
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import bench
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import export
 from tunix_blockdiff.jobs import generate
 from tunix_blockdiff.jobs import launch
 from tunix_blockdiff.jobs import rl_data
@@ -36,7 +37,8 @@ DEFAULT_RECIPE = {"sft": "tiny.yaml", "rl": "rl_tiny.yaml", "opd": "opd_tiny.yam
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "2>&1"}
 # Keys the docs show on purpose as mistakes (the "did you mean" example).
 DELIBERATE_MISTAKES = {"training.max_step"}
-FILE_SUFFIXES = (".png", ".json", ".jsonl", ".yaml", ".py", ".md", ".parquet")
+FILE_SUFFIXES = (".png", ".json", ".jsonl", ".yaml", ".py", ".md", ".parquet",
+                 ".safetensors")
 KEY = re.compile(r"^([a-z][a-z0-9_]*(?:\.[a-z0-9_]+)+)(?:=(.*)|: (.*))?$")
 _MISSING = object()
 
@@ -173,6 +175,8 @@ def check_invocation(args: list[str]) -> None:
     # A DiffusionGemma run or checkpoint takes its own generate options.
     if not any(keys <= known for known in _generate_option_sets()[1:]):
       generate.parse_options(options)
+  elif command == "export":
+    export.parse_args(args[1:])
   elif command == "launch" and rest:  # Bare (or `...`): prints its usage.
     parsed = launch.parse_args(args[1:])
     check_invocation(parsed.command[1:] if parsed.command[0] == "--" else

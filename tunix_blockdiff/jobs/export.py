@@ -30,8 +30,8 @@ import json
 import pathlib
 import shutil
 import sys
-import tempfile
 from typing import Any, NamedTuple, Sequence
+import uuid
 
 import omegaconf
 
@@ -233,9 +233,9 @@ def build(args: Args, cfg):
 def write(args: Args, cfg, tensors, hf_config) -> list[str]:
   """Writes OUT through a temporary sibling directory; returns file names."""
   args.out.parent.mkdir(parents=True, exist_ok=True)
-  staging = pathlib.Path(
-      tempfile.mkdtemp(prefix=f".{args.out.name}.partial-", dir=args.out.parent)
-  )
+  # Not tempfile.mkdtemp: its 0700 mode would stay on OUT after the rename.
+  staging = args.out.parent / f".{args.out.name}.partial-{uuid.uuid4().hex[:8]}"
+  staging.mkdir()
   try:
     files = hf_export.write_safetensors(
         tensors, staging, max_shard_bytes=args.max_shard_bytes
