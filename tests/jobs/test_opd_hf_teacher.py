@@ -124,6 +124,18 @@ def test_teacher_is_sharded_on_the_job_mesh(tmp_path):
   embedding = teacher.embedder.input_embedding.get_value()
   assert embedding.sharding.mesh.shape == mesh.shape
   assert len(embedding.sharding.device_set) == 2
+  # Sharded, it scores as the unsharded teacher does.
+  single = hf_teacher.load_teacher(_teacher_cfg(path), rl_common.rl_mesh(None))
+  tokens = jnp.asarray(np.random.default_rng(0).integers(4, VOCAB, (2, 7)))
+  args = (tokens[:, :4], jnp.ones((2, 4), bool), tokens[:, 4:])
+  with mesh:
+    sharded = opd.ar_teacher_logits(teacher, *args, jnp.ones((2, 3), bool))
+  np.testing.assert_allclose(
+      np.asarray(sharded),
+      np.asarray(opd.ar_teacher_logits(single, *args, jnp.ones((2, 3), bool))),
+      rtol=1e-5,
+      atol=1e-5,
+  )
 
 
 @pytest.mark.parametrize(
@@ -196,6 +208,13 @@ def test_bad_teacher_sections_are_refused(tmp_path):
     with pytest.raises(errors.UsageError, match=match) as e:
       hf_teacher.check_teacher_section(cfg)
     assert "\n" not in str(e.value)
+  with pytest.raises(errors.UsageError, match="dtype must be one of"):
+    hf_teacher.check_teacher_section(_teacher_cfg(path, dtype="float8"))
+  yarn = _write_teacher(
+      tmp_path / "yarn", "llama3", rope_scaling={"rope_type": "yarn"}
+  )
+  with pytest.raises(errors.UsageError, match="plain RoPE"):
+    hf_teacher.check_teacher_section(_teacher_cfg(yarn))
   (not_hf / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
   (not_hf / "model.safetensors").write_bytes(b"")
   with pytest.raises(errors.UsageError, match="not a Tunix causal LM"):

@@ -66,8 +66,8 @@ def check_teacher_section(teacher_cfg) -> None:
   """Raises a one-line `UsageError` for a `teacher` section that cannot run.
 
   `kind` must be one of `KINDS`. With `kind: hf`, `path` must be a Hugging
-  Face model directory (`config.json` of a supported family and
-  `*.safetensors`), and no key of the in-job teacher (`IN_JOB_KEYS`: its
+  Face model directory (`config.json` of a supported family, with fields
+  and `dtype` its loader takes, and `*.safetensors`), and no key of the in-job teacher (`IN_JOB_KEYS`: its
   sizes and training) may be set: each must be null or keep the bundled
   recipe's value, since the checkpoint's `config.json` sizes the model and
   nothing trains it. With `kind: ar`, `path` must be null.
@@ -104,7 +104,15 @@ def check_teacher_section(teacher_cfg) -> None:
         " sizes from teacher.path's config.json and is never trained: drop"
         f" teacher.{key} (keep {defaults.get(key)!r} or null)"
     )
-  check_hf_dir(path)
+  hf_config = _read_config(check_hf_dir(path))
+  try:  # The model config the loader will build: unsupported fields, dtype.
+    hf_configs.CONFIG_FROM_HF[hf_configs.family_of(hf_config)](
+        hf_config, dtype=str(teacher_cfg.get("dtype") or "float32")
+    )
+  except (KeyError, TypeError, ValueError) as e:
+    raise errors.UsageError(
+        f"teacher.path={path}: {errors.one_line(e)}"
+    ) from None
 
 
 def check_hf_dir(path) -> pathlib.Path:
