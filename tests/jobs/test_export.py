@@ -39,11 +39,11 @@ SIZES = {
     "head_dim": 8,
     "num_kv_heads": 1,
 }
-LORA_PATHS = {  # The linear layers of each family (Gemma3's MLP, not einsums).
+LORA_PATHS = {  # Gemma3: its output einsum and MLP merge, q/kv einsums not.
     "qwen3": ".*q_proj|.*v_proj|.*down_proj",
     "qwen2": ".*k_proj|.*o_proj|.*up_proj",
     "llama3": ".*q_proj|.*gate_proj",
-    "gemma3": ".*gate_proj|.*down_proj",
+    "gemma3": ".*attn_vec_einsum|.*down_proj",
 }
 
 
@@ -224,8 +224,15 @@ def test_refusals_are_one_line_and_write_nothing(
   assert "recipe.yaml not found" in err
 
 
-def test_gemma3_lora_on_einsum_weights_is_refused(tmp_path, capsys):
+def test_gemma3_lora_on_einsum_weights_is_refused(
+    tmp_path, capsys, monkeypatch
+):
   run, _ = _make_run(tmp_path / "run", "gemma3", lora=".*q_einsum")
+
+  def no_compute(*unused_args):
+    raise AssertionError("refused only after loading the model")
+
+  monkeypatch.setattr(generate_job, "load_trained_model", no_compute)
   err = _refused(capsys, ["export", str(run), str(tmp_path / "hf")], tmp_path)
   assert "cannot be merged" in err and "einsum" in err
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import re
 import shutil
 import sys
 from typing import Any, NamedTuple, Sequence
@@ -129,6 +130,38 @@ def tokenizer_source(cfg) -> pathlib.Path | None:
   return None if not path else pathlib.Path(str(path)).expanduser()
 
 
+# LoRA on these weights does not lay out as the weight (`merge_lora`).
+_UNMERGEABLE = {"gemma3": ("q_einsum", "kv_einsum", "qkv_einsum")}
+
+
+def check_lora_mergeable(cfg, family: str) -> None:
+  """Refuses LoRA whose `module_path` reaches a weight merge cannot merge.
+
+  qwix matches `lora.module_path` (a regex, full match) against module
+  paths such as `layers/0/attn/q_einsum`.
+  """
+  lora = cfg.get("lora")
+  if not common.lora_enabled(lora) or family not in _UNMERGEABLE:
+    return
+  num_layers = cfg.model.get("num_layers")
+  if str(cfg.model.kind).endswith("_hf"):
+    from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
+
+    num_layers = checkpoints.read_hf_config(cfg.model.path).get(
+        "num_hidden_layers"
+    )
+  for i in range(int(num_layers or 1)):
+    for name in _UNMERGEABLE[family]:
+      if re.fullmatch(str(lora.module_path), f"layers/{i}/attn/{name}"):
+        raise errors.UsageError(
+            f"RUN's LoRA cannot be merged into the exported weights:"
+            f" lora.module_path {str(lora.module_path)!r} reaches {family}'s"
+            f" layers/{i}/attn/{name}, an einsum weight whose LoRA factors do"
+            " not lay out as the weight (LoRA on attn_vec_einsum and the MLP"
+            " merges)"
+        )
+
+
 def check(args: Args):
   """Every refusal that needs no model: returns the run's recipe.
 
@@ -150,7 +183,7 @@ def check(args: Args):
   if args.out == args.run_dir or args.run_dir in args.out.parents:
     raise errors.UsageError(f"OUT {args.out} must be outside RUN")
   cfg = omegaconf.OmegaConf.load(recipe)
-  family_of(str(cfg.model.kind))
+  check_lora_mergeable(cfg, family_of(str(cfg.model.kind)))
   if not has_checkpoint(args.run_dir):
     raise errors.MissingFileError(
         f"no checkpoint under {args.run_dir / 'checkpoints'}: RUN has not"
