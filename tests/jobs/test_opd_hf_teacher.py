@@ -147,7 +147,9 @@ def test_teacher_is_sharded_on_the_job_mesh(tmp_path):
         ({"bos_token_id": [8, 9]}, VOCAB, r"bos id \[8, 9\] .* student's 1"),
     ],
 )
-def test_tokenizer_mismatch_is_one_line_naming_both(tmp_path, ids, vocab, match):
+def test_tokenizer_mismatch_is_one_line_naming_both(
+    tmp_path, ids, vocab, match
+):
   path = _write_teacher(tmp_path / "t", "qwen3", vocab=vocab, **ids)
   with pytest.raises(errors.UsageError, match=match) as e:
     _check(path)

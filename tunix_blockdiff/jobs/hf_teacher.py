@@ -67,10 +67,11 @@ def check_teacher_section(teacher_cfg) -> None:
 
   `kind` must be one of `KINDS`. With `kind: hf`, `path` must be a Hugging
   Face model directory (`config.json` of a supported family, with fields
-  and `dtype` its loader takes, and `*.safetensors`), and no key of the in-job teacher (`IN_JOB_KEYS`: its
-  sizes and training) may be set: each must be null or keep the bundled
-  recipe's value, since the checkpoint's `config.json` sizes the model and
-  nothing trains it. With `kind: ar`, `path` must be null.
+  and `dtype` its loader takes, and `*.safetensors`), and no key of the
+  in-job teacher (`IN_JOB_KEYS`: its sizes and training) may be set: each
+  must be null or keep the bundled recipe's value, since the checkpoint's
+  `config.json` sizes the model and nothing trains it. With `kind: ar`,
+  `path` must be null.
 
   Args:
     teacher_cfg: The recipe's `teacher` section.
