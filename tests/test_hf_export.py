@@ -1,5 +1,6 @@
 """`hf_export.save_qwen3_hf` is the inverse of `checkpoints.load_qwen3`."""
 
+import dataclasses
 import json
 
 from flax import nnx
@@ -102,3 +103,82 @@ def test_bad_inputs(tmp_path):
   )
   with pytest.raises(ValueError, match="merge_lora"):
     hf_export.save_qwen3_hf(lora, tmp_path)
+
+
+@pytest.mark.parametrize(
+    "text, size",
+    [("5GB", 5 * 10**9), ("500MB", 5 * 10**8), ("2GiB", 2 * 2**30),
+     ("1.5kb", 1500), ("4096", 4096), ("10 B", 10)],
+)
+def test_parse_size(text, size):
+  assert hf_export.parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "0GB", "5XB", "-1MB", "GB"])
+def test_parse_size_refuses(text):
+  with pytest.raises(ValueError, match="is not a size"):
+    hf_export.parse_size(text)
+
+
+def test_plan_shards_keeps_order_and_isolates_large_tensors():
+  tensors = {
+      "a": np.zeros(10, np.float32),  # 40 bytes each
+      "b": np.zeros(10, np.float32),
+      "big": np.zeros(100, np.float32),  # 400 bytes > the limit
+      "c": np.zeros(10, np.float32),
+  }
+  assert hf_export.plan_shards(tensors, 100) == [["a", "b"], ["big"], ["c"]]
+  assert hf_export.plan_shards(tensors, 10**6) == [["a", "b", "big", "c"]]
+
+
+def test_sharded_save_writes_an_index_and_loads_back(tmp_path):
+  model = _random_qwen3(tied=False)
+  hf_export.save_hf(model, tmp_path, max_shard_bytes=4000)
+  index = json.loads((tmp_path / hf_export.INDEX_FILE).read_text())
+  files = sorted(set(index["weight_map"].values()))
+  assert len(files) > 2 and not (tmp_path / hf_export.SINGLE_FILE).exists()
+  import safetensors.numpy
+
+  total = 0
+  for name in files:
+    tensors = safetensors.numpy.load_file(str(tmp_path / name))
+    assert {k for k, v in index["weight_map"].items() if v == name} == set(
+        tensors
+    )
+    total += sum(t.nbytes for t in tensors.values())
+  assert index["metadata"]["total_size"] == total
+  np.testing.assert_array_equal(
+      _logits(checkpoints.load_hf(tmp_path)), _logits(model)
+  )
+
+
+def test_save_hf_keeps_the_parameter_dtype(tmp_path):
+  model = _random_qwen3(tied=True)
+  bf16 = jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(model))
+  nnx.update(model, bf16)
+  hf_export.save_hf(model, tmp_path)
+  assert json.loads((tmp_path / "config.json").read_text())[
+      "torch_dtype"
+  ] == "bfloat16"
+  loaded = checkpoints.load_hf(tmp_path, dtype="bfloat16")
+  for (path, a), (_, b) in zip(
+      nnx.to_flat_state(nnx.state(model, nnx.Param)),
+      nnx.to_flat_state(nnx.state(loaded, nnx.Param)),
+  ):
+    assert b.get_value().dtype == jnp.bfloat16, path
+    np.testing.assert_array_equal(
+        np.asarray(a.get_value(), np.float32),
+        np.asarray(b.get_value(), np.float32),
+    )
+
+
+def test_family_refusals():
+  with pytest.raises(TypeError, match="Tunix qwen3 / qwen2 / llama3 / gemma3"):
+    hf_export.family_of_model(object())
+  config = tiny_models.gemma3_config(VOCAB)
+  with pytest.raises(ValueError, match="local_scale_factor"):
+    hf_export.gemma3_hf_config(
+        dataclasses.replace(config, local_scale_factor=2.0)
+    )
+  with pytest.raises(ValueError, match="parameter path"):
+    hf_export.gemma3_param_to_hf(("layers", 0, "attn", "w"), np.zeros(3))
