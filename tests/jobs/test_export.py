@@ -273,3 +273,16 @@ def test_an_hf_tokenizer_travels_with_the_export(tmp_path):
   from_run, from_hf = _generate_both(run, out, "steps_per_block=2")
   np.testing.assert_array_equal(from_hf["tokens"], from_run["tokens"])
   assert from_hf["completions"] == from_run["completions"]
+
+
+def test_a_failed_write_leaves_nothing(tmp_path, untrained_policy, monkeypatch):
+  real_write = hf_export.write_safetensors
+
+  def write_then_fail(tensors, out, **kwargs):
+    real_write(tensors, out, **kwargs)
+    raise OSError("disk full")
+
+  monkeypatch.setattr(hf_export, "write_safetensors", write_then_fail)
+  with pytest.raises(OSError, match="disk full"):
+    cli.main(["export", str(untrained_policy), str(tmp_path / "a" / "b" / "hf")])
+  assert not list(tmp_path.iterdir())

@@ -222,7 +222,7 @@ def _merged_model(args: Args, cfg):
 
 
 def build(args: Args, cfg):
-  """(family, tensors, config.json dict) of RUN: all compute, no writes."""
+  """({HF key: tensor}, config.json dict) of RUN: all compute, no writes."""
   from tunix_blockdiff.jobs import generate  # pylint: disable=g-import-not-at-top
 
   model, step = _merged_model(args, cfg)
@@ -264,7 +264,11 @@ def build(args: Args, cfg):
 
 
 def write(args: Args, cfg, tensors, hf_config) -> list[str]:
-  """Writes OUT through a temporary sibling directory; returns file names."""
+  """Writes OUT through a temporary sibling directory; returns file names.
+
+  Parent directories OUT needs are created, and removed again on failure.
+  """
+  created = next((p for p in reversed(args.out.parents) if not p.exists()), None)
   args.out.parent.mkdir(parents=True, exist_ok=True)
   # Not tempfile.mkdtemp: its 0700 mode would stay on OUT after the rename.
   staging = args.out.parent / f".{args.out.name}.partial-{uuid.uuid4().hex[:8]}"
@@ -284,7 +288,7 @@ def write(args: Args, cfg, tensors, hf_config) -> list[str]:
       args.out.rmdir()  # empty (checked); rename cannot replace it otherwise
     staging.rename(args.out)
   except BaseException:
-    shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(created or staging, ignore_errors=True)
     raise
   return [exported.CONFIG_FILE] + files
 
