@@ -286,3 +286,26 @@ def test_a_failed_write_leaves_nothing(tmp_path, untrained_policy, monkeypatch):
   with pytest.raises(OSError, match="disk full"):
     cli.main(["export", str(untrained_policy), str(tmp_path / "a" / "b" / "hf")])
   assert not list(tmp_path.iterdir())
+
+
+def test_an_hf_run_keeps_its_base_config_keys(tmp_path):
+  from tunix_blockdiff.models import tiny as tiny_models  # pylint: disable=g-import-not-at-top
+
+  base = tmp_path / "base"
+  hf_export.save_hf(
+      tiny_models.tiny_qwen2(50, **SIZES), base, max_position_embeddings=123
+  )
+  run, model = _make_run(
+      tmp_path / "run",
+      "qwen2",
+      extra=["model.kind=qwen2_hf", f"model.path={base}"],
+  )
+  out = tmp_path / "hf"
+  assert cli.main(["export", str(run), str(out)]) == 0
+  config = json.loads((out / "config.json").read_text())
+  assert config["max_position_embeddings"] == 123
+  assert config["block_diffusion"]["dtype"] == "float32"
+  assert config["block_diffusion"]["source"]["model_kind"] == "qwen2_hf"
+  np.testing.assert_array_equal(
+      _logits(checkpoints.load_hf(out)), _logits(model)
+  )

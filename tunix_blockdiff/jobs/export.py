@@ -221,6 +221,21 @@ def _merged_model(args: Args, cfg):
     raise
 
 
+def _with_base_config(cfg, hf_config: dict[str, Any]) -> dict[str, Any]:
+  """`hf_config` over the base checkpoint's config.json (a `*_hf` run).
+
+  Keeps what Tunix does not model but Hugging Face users read (e.g.
+  `max_position_embeddings`); every key export writes wins.
+  """
+  if not str(cfg.model.kind).endswith("_hf"):
+    return hf_config
+  base = exported.read_config(str(cfg.model.path)) or {}
+  if base.get("model_type") != hf_config["model_type"]:
+    return hf_config  # e.g. a multimodal gemma3 whose text part was loaded
+  base.pop(exported.SECTION, None)
+  return {**base, **hf_config}
+
+
 def build(args: Args, cfg):
   """({HF key: tensor}, config.json dict) of RUN: all compute, no writes."""
   from tunix_blockdiff.jobs import generate  # pylint: disable=g-import-not-at-top
@@ -244,6 +259,7 @@ def build(args: Args, cfg):
         file=sys.stderr,
     )
     prompts, budget, scored = [], None, False
+  hf_config = _with_base_config(cfg, hf_config)
   _, tensors = hf_export.hf_tensors(model, family=family)
   hf_config.update(
       torch_dtype=next(iter(tensors.values())).dtype.name,
