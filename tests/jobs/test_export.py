@@ -178,6 +178,11 @@ def test_generate_on_the_export_matches_the_run(tmp_path, untrained_policy):
       run, out, 'prompts=["rev 12>"]', "steps_per_block=1"
   )
   np.testing.assert_array_equal(custom_hf["tokens"], custom_run["tokens"])
+  # On a mesh the exported weights load sharded (load_hf's mesh).
+  on_mesh = generate_job.run(
+      *generate_job.parse_args([str(out), "color=false", "mesh={fsdp: 2}"])
+  )
+  np.testing.assert_array_equal(on_mesh["tokens"], from_hf["tokens"])
 
 
 def _refused(capsys, argv, root: pathlib.Path) -> str:
