@@ -41,6 +41,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import exported
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import sft_data
 
 DEFAULTS = {
@@ -65,9 +66,11 @@ def parse_args(argv: Sequence[str]) -> tuple[pathlib.Path, omegaconf.DictConfig]
   if not argv or "=" in argv[0]:
     raise errors.UsageError(
         "usage: tunix-blockdiff generate RUN_DIR [key=value ...]; RUN_DIR is"
-        " the output_dir of a `tunix-blockdiff sft` run"
+        " the output_dir of a `tunix-blockdiff sft`, `rl` or `opd` run"
     )
-  run_dir = pathlib.Path(argv.pop(0)).expanduser().resolve()
+  run_dir = rl_checkpoints.policy_dir(
+      pathlib.Path(argv.pop(0)).expanduser().resolve()
+  )
   if exported.is_exported(run_dir):
     decoding = exported.read_section(run_dir)["decoding"]
     return run_dir, parse_options(argv, decoding)
