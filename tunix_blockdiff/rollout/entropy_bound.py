@@ -139,6 +139,24 @@ def renoise(accepted: jax.Array, mask: jax.Array, noise: jax.Array):
   return jnp.where(mask, accepted, noise)
 
 
+def step_logprob(scaled: jax.Array, denoiser: jax.Array,
+                 accepted: jax.Array) -> jax.Array:
+  """log P of one step's renoised canvas given its input, float32 [B].
+
+  The accepted slots' denoiser tokens under softmax(scaled), plus log(1/V)
+  per renoised slot (`rl.entropy_bound_likelihood` derives it).
+
+  Args:
+    scaled: float [B, C, V] the step's temperature-scaled logits.
+    denoiser: int [B, C] the sampled denoiser canvas.
+    accepted: bool [B, C] the accepted mask.
+  """
+  logp = jax.nn.log_softmax(scaled.astype(jnp.float32), axis=-1)
+  chosen = jnp.take_along_axis(logp, denoiser[..., None], axis=-1)[..., 0]
+  log_uniform = -jnp.log(jnp.float32(scaled.shape[-1]))
+  return jnp.sum(jnp.where(accepted, chosen, log_uniform), axis=-1)
+
+
 def stop_update(history: jax.Array, filled: jax.Array, argmax: jax.Array,
                 entropy: jax.Array, config: config_lib.SamplerConfig):
   """The adaptive stop of one step.
@@ -202,8 +220,10 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
       counted in `steps`); default all.
     record_trace: Also return, per step, the input canvas, the canvas it
       produced (after renoising), the sampled denoiser canvas, the accepted
-      mask, the temperature, whether the row was still denoising, and the
-      self-conditioning switch (for exact trajectory scoring).
+      mask, the temperature, whether the row was still denoising, the
+      self-conditioning switch, and the step's log-probability
+      (`step_logprob`, 0 once the row stopped), for exact trajectory
+      scoring.
 
   Returns:
     A `CanvasResult`.
@@ -235,6 +255,7 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
         temperature=jnp.zeros((n,), jnp.float32),
         live=jnp.zeros((n, batch), bool),
         sc_on=jnp.zeros((n, batch), bool),
+        logprob=jnp.zeros((n, batch), jnp.float32),
     )
 
   def cond(st):
@@ -254,6 +275,8 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
     new_canvas = renoise(jnp.where(accepted, denoiser, st["canvas"]),
                          accepted, noise)
     done = st["done"]
+    if record_trace:
+      logprob = jnp.where(done, 0.0, step_logprob(scaled, denoiser, accepted))
     new_argmax = jnp.where(done[:, None], st["argmax"], new_argmax)
     new_canvas = jnp.where(done[:, None], st["canvas"], new_canvas)
     scaled = jnp.where(done[:, None, None], st["sc_logits"], scaled)
@@ -284,6 +307,7 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
           temperature=tr["temperature"].at[step].set(temp),
           live=tr["live"].at[step].set(~done),
           sc_on=tr["sc_on"].at[step].set(sc_on),
+          logprob=tr["logprob"].at[step].set(logprob),
       )
     return out
 
