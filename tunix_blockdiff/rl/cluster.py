@@ -37,8 +37,12 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
   """`RLCluster` whose rollout, reference and old-policy scores are diffusion.
 
   Same constructor as `RLCluster`; `cluster_config.rollout_engine` must be
-  `BlockDiffusionRollout` or a `functools.partial` of it.
+  `BlockDiffusionRollout` or a `functools.partial` of it. Subclasses for
+  other engines (`rl.diffusion_gemma_cluster`) set `rollout_types` and
+  `_concat_records`.
   """
+
+  rollout_types: tuple[type, ...] = (engine_lib.BlockDiffusionRollout,)
 
   def _init_cluster(self):
     # RLCluster's own actor trainer is replaced below, so it must not restore
@@ -51,10 +55,11 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
       super()._init_cluster()
     finally:
       config.checkpoint_root_directory = root
-    if not isinstance(self._rollout, engine_lib.BlockDiffusionRollout):
+    if not isinstance(self._rollout, self.rollout_types):
+      names = " or ".join(t.__name__ for t in self.rollout_types)
       raise TypeError(
-          "BlockDiffusionRLCluster needs cluster_config.rollout_engine ="
-          " BlockDiffusionRollout (or a functools.partial of it), got"
+          f"{type(self).__name__} needs cluster_config.rollout_engine ="
+          f" {names} (or a functools.partial of it), got"
           f" {type(self._rollout).__name__}"
       )
     self._replace_actor_trainer(
@@ -104,10 +109,14 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
     """
     with self.rollout.record_outputs() as records:
       merged = super().generate(prompts, *args, **kwargs)
-    output = engine_lib.concat_outputs(records, pad_id=self.rollout.pad_id())
+    output = self._concat_records(records)
     if output.text != merged.text:
       raise RuntimeError("recorded rollout outputs do not match RLCluster's")
     return output
+
+  def _concat_records(self, records):
+    """The engine's micro-batch outputs as one output (keeps the trace)."""
+    return engine_lib.concat_outputs(records, pad_id=self.rollout.pad_id())
 
   def _score(
       self,
