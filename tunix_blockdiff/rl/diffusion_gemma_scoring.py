@@ -1,0 +1,162 @@
+"""Trajectory-exact log-probs of DiffusionGemma rollouts under any parameters.
+
+A row's rollout is its prompt, then K canvases, each denoised by the
+entropy-bound sampler over a cache of the prompt and the finished canvases
+before it. Its log-probability is the sum, over the canvases the row was
+still generating in, of `rl.entropy_bound_likelihood.canvas_logprob` (whose
+docstring derives it): the canvas's uniform start, and per live step the
+accepted slots' sampled tokens under that step's temperature-scaled
+distribution plus log(1/V) per renoised slot, with the self-conditioning
+chain replayed under the scored parameters and acceptance recomputed from
+their entropies.
+
+Two deterministic events are conditioned on, exactly as the per-canvas stop
+is: each canvas's result (the last argmax, then EOS handling) is taken as
+recorded (`trace.tokens`) when encoding the context of later canvases, and
+a row's canvases after its EOS are left out (they are discarded: the
+completion does not depend on them). Under other parameters their exact
+likelihood is an indicator, 1 at the rollout's parameters with zero
+gradient, so conditioning on them keeps the scorer exact there (PPO ratio
+1) and differentiable.
+
+The context is encoded once, causally over `[prompt ; canvas_1 .. canvas_K]`
+(the same causal pass the sampler runs piecewise); canvas k's decoder sees
+its first `P + (k - 1) C` slots.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from tunix_blockdiff.models.diffusion_gemma import config as dg_config
+from tunix_blockdiff.models.diffusion_gemma import model as model_lib
+from tunix_blockdiff.rl import entropy_bound_likelihood
+from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+
+
+def check_inputs(model: model_lib.DiffusionGemma, prompt_tokens, prompt_valid,
+                 trace: output_lib.DiffusionGemmaTrace) -> None:
+  """Raises ValueError, naming the argument, for inconsistent shapes."""
+  if not isinstance(trace, output_lib.DiffusionGemmaTrace):
+    raise TypeError(
+        f"trace must be a DiffusionGemmaTrace, got {type(trace).__name__}")
+  if prompt_tokens.ndim != 2:
+    raise ValueError(
+        f"prompt_tokens must be int [B, P], got shape {prompt_tokens.shape}")
+  b = prompt_tokens.shape[0]
+  if prompt_valid.shape != prompt_tokens.shape:
+    raise ValueError(
+        f"prompt_valid must have prompt_tokens' shape {prompt_tokens.shape},"
+        f" got {prompt_valid.shape}")
+  if trace.canvas.ndim != 4 or trace.canvas.shape[0] != b:
+    raise ValueError(
+        f"trace.canvas must be int [B={b}, K, N, C], got shape"
+        f" {trace.canvas.shape}")
+  _, k, _, c = trace.canvas.shape
+  if c != model.config.canvas_length:
+    raise ValueError(
+        f"trace canvases have {c} slots, the model's canvas_length is"
+        f" {model.config.canvas_length}")
+  if trace.tokens.shape != (b, k * c):
+    raise ValueError(
+        f"trace.tokens must be int [B={b}, K*C={k * c}], got shape"
+        f" {trace.tokens.shape}")
+
+
+def sequence_logprobs(model: model_lib.DiffusionGemma, prompt_tokens,
+                      prompt_valid, trace: output_lib.DiffusionGemmaTrace,
+                      config: dg_config.SamplerConfig, *,
+                      per_canvas: bool = False) -> jax.Array:
+  """log P of each row's recorded trajectories under `model` (differentiable).
+
+  Args:
+    model: The scored `DiffusionGemma` (any parameters).
+    prompt_tokens: int [B, P] the rollout's left-padded prompts.
+    prompt_valid: bool [B, P] the real prompt slots.
+    trace: The rollout's `DiffusionGemmaTrace`.
+    config: The rollout's `SamplerConfig` (temperature schedule, bound).
+    per_canvas: Return float32 [B, K] (0 for inactive canvases) instead of
+      the row totals.
+
+  Returns:
+    float32 [B] (or [B, K]).
+  """
+  prompt_tokens = jnp.asarray(prompt_tokens)
+  prompt_valid = jnp.asarray(prompt_valid, bool)
+  check_inputs(model, prompt_tokens, prompt_valid, trace)
+  b, p = prompt_tokens.shape
+  _, k, _, c = trace.canvas.shape
+  total = p + k * c
+  tokens = jnp.concatenate(
+      [prompt_tokens, jnp.asarray(trace.tokens, prompt_tokens.dtype)], axis=1)
+  valid = jnp.concatenate([prompt_valid, jnp.ones((b, k * c), bool)], axis=1)
+  positions = jnp.broadcast_to(jnp.arange(total), (b, total))
+  _, cache = model(tokens, positions, valid, model.init_cache(b, total),
+                   method="encode")
+  slots = jnp.arange(total)
+  vocab = model.config.vocab_size
+
+  def one_canvas(carry, xs):
+    index, canvas, nxt, live, sc_on, active = xs
+    length = (p + index * c).astype(jnp.int32)
+    context = model_lib.Cache(cache.k, cache.v,
+                              cache.valid & (slots < length)[None], length)
+    canvas_positions = jnp.broadcast_to(length + jnp.arange(c), (b, c))
+
+    def decoder_fn(x, sc_logits, sc_mask):
+      return model(x, canvas_positions, context, sc_logits, sc_mask,
+                   method="decode")
+
+    step_trace = dict(canvas=canvas, next_canvas=nxt, live=live, sc_on=sc_on)
+    logp = entropy_bound_likelihood.canvas_logprob(decoder_fn, step_trace,
+                                                   config, vocab)
+    return carry, jnp.where(active, logp, 0.0)
+
+  def steps_first(x):  # [B, K, N, ...] -> [K, N, B, ...]
+    return jnp.moveaxis(jnp.asarray(x), 0, 2)
+
+  xs = (jnp.arange(k), steps_first(trace.canvas),
+        steps_first(trace.next_canvas), steps_first(trace.live),
+        steps_first(trace.sc_on), jnp.asarray(trace.active).T)
+  _, per_canvas_logp = jax.lax.scan(one_canvas, None, xs)   # [K, B]
+  per_canvas_logp = per_canvas_logp.T
+  if per_canvas:
+    return per_canvas_logp
+  return jnp.sum(per_canvas_logp, axis=-1)
+
+
+class SequenceScorer:
+  """A compiled `sequence_logprobs` for one model structure.
+
+  The model's GraphDef is split once here and closed over (it is not
+  hashable, so it is never a static argument); `__call__` takes any model
+  of that structure (the policy, the reference, the rollout copy).
+  """
+
+  def __init__(self, model: model_lib.DiffusionGemma,
+               config: dg_config.SamplerConfig):
+    if not isinstance(config, dg_config.SamplerConfig):
+      raise TypeError(
+          f"config must be a SamplerConfig, got {type(config).__name__}")
+    graphdef, _ = nnx.split(model)
+    self.config = config
+
+    def score(state, prompt_tokens, prompt_valid, trace):
+      m = nnx.merge(graphdef, state)
+      return sequence_logprobs(m, prompt_tokens, prompt_valid, trace, config)
+
+    self._score = jax.jit(score)
+
+  def __call__(self, model: model_lib.DiffusionGemma, prompt_tokens,
+               prompt_valid, trace: output_lib.DiffusionGemmaTrace
+               ) -> jax.Array:
+    """float32 [B] log P of each row's trajectories under `model`."""
+    check_inputs(model, jnp.asarray(prompt_tokens),
+                 jnp.asarray(prompt_valid), trace)
+    return self._score(nnx.state(model), jnp.asarray(prompt_tokens),
+                       jnp.asarray(prompt_valid, bool), trace)
+
+
+__all__ = ["SequenceScorer", "check_inputs", "sequence_logprobs"]
