@@ -11,13 +11,17 @@ from tunix_blockdiff import registration
 
 def test_register_makes_the_losses_available_and_is_idempotent(caplog):
   provided = tunix_blockdiff.register()
-  assert provided == {"policy_loss_fn": ["bd_grpo", "bd_opd"]}
+  assert provided == {"policy_loss_fn": ["bd_grpo", "bd_opd", "dg_grpo"]}
   grpo_loss = function_registry.get_policy_loss_fn("bd_grpo")
   opd_loss = function_registry.get_policy_loss_fn("bd_opd")
   from tunix_blockdiff.rl import grpo, opd  # pylint: disable=g-import-not-at-top
 
   assert grpo_loss is grpo.bd_grpo_loss_fn
   assert opd_loss is opd.bd_opd_loss_fn
+  from tunix_blockdiff.rl import diffusion_gemma_grpo  # pylint: disable=g-import-not-at-top
+
+  assert (function_registry.get_policy_loss_fn("dg_grpo")
+          is diffusion_gemma_grpo.dg_grpo_loss_fn)
   # Registering again changes nothing and warns about nothing (Tunix's
   # registry logs a warning when a name is overwritten).
   with caplog.at_level(logging.WARNING):
