@@ -11,6 +11,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from tunix.generate import sampler as sampler_lib
 from tunix.sft import peft_trainer
 
@@ -70,12 +71,16 @@ def train_ar_teacher(
     seq_len: int,
     seed: int,
     mesh: jax.sharding.Mesh | None = None,
+    checkpoint_dir: str | None = None,
 ):
   """A Tunix Qwen3 trained causally (next-token loss) with `PeftTrainer`.
 
   On a `mesh` of several devices the model is sharded by its partition specs
   and trained data-parallel: each process places only its rows of every
-  batch (the global batches equal one process's).
+  batch (the global batches equal one process's). With `checkpoint_dir`
+  the trained teacher is saved there (its last step); a later call with
+  the same directory restores it instead of training again (the losses it
+  returns are then those of the steps it ran: none).
   """
   model = tiny_models.tiny_qwen3(
       vocab_size,
@@ -109,6 +114,10 @@ def train_ar_teacher(
           eval_every_n_steps=10**9,
           max_steps=steps,
           pbar_description="AR teacher",
+          checkpoint_root_directory=checkpoint_dir,
+          checkpointing_options=ocp.CheckpointManagerOptions(
+              save_interval_steps=steps, max_to_keep=1
+          ),
       ),
   )
   batch_size = int(teacher_cfg.batch_size)

@@ -159,6 +159,8 @@ def run(cfg) -> dict[str, Any]:
   clock = common.Stopwatch()
   hf_teacher.check_teacher_section(cfg.teacher)
   out = common.prepare_output_dir(cfg)
+  every, keep = rl_checkpoints.checkpoint_every(cfg.opd, "opd")
+  resume = rl_checkpoints.load_resume(out) if every else None
   kind = hf_teacher.teacher_kind(cfg.teacher)
   if kind == "hf":  # The tokenizers agree before anything runs.
     hf_teacher.check_student(
@@ -204,7 +206,15 @@ def run(cfg) -> dict[str, Any]:
         seq_len=int(sft_cfg.data.seq_len),
         seed=int(cfg.seed) + 7,
         mesh=mesh,
+        # Saved with the checkpoints: a resumed run restores, not retrains.
+        checkpoint_dir=(
+            str(out / rl_checkpoints.CHECKPOINT_SUBDIR / "teacher")
+            if every
+            else None
+        ),
     )
+    if resume:
+      teacher_losses = np.asarray(resume[0]["teacher_losses"], np.float64)
   teacher_seconds = teacher_clock()
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   teacher_em = ar_teacher.teacher_exact_match(
@@ -236,6 +246,7 @@ def run(cfg) -> dict[str, Any]:
                   log_dir=str(out / "tensorboard"), flush_every_n_steps=20
               ),
               pbar_description="block-diffusion OPD",
+              **rl_checkpoints.training_config_kwargs(out, every, keep),
           ),
           rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
       ),
@@ -263,7 +274,33 @@ def run(cfg) -> dict[str, Any]:
         "divergence": divergence,
     }
 
-  start = evaluate()
+  trainer = cluster.actor_trainer
+  done_divergence = list(resume[1]["train_divergence"]) if resume else []
+
+  def job_state():
+    return {
+        "rollout_calls": cluster.rollout.calls,
+        "train_divergence": done_divergence
+        + trainer.metric_history("divergence"),
+    }
+
+  rl_checkpoints.track_state(trainer, out, every, job_state)
+  if resume:  # The evaluation before training, and the rollout RNG.
+    start = resume[0]["eval"]
+    cluster.rollout.calls = int(resume[1]["rollout_calls"])
+  else:
+    start = evaluate()
+    if every:
+      rl_checkpoints.save_start(
+          out,
+          {
+              "eval": start,
+              "rollout_calls": cluster.rollout.calls,
+              "teacher_losses": (
+                  [] if teacher_losses is None else teacher_losses.tolist()
+              ),
+          },
+      )
   opd_clock = common.Stopwatch()
   with mesh:
     learner.train(list(rl_data.prompt_batches(opd_rows, prompts_per_step)))
@@ -273,17 +310,7 @@ def run(cfg) -> dict[str, Any]:
         out, cluster.actor_trainer.model, sft_cfg, cluster.actor_trainer.train_steps
     )
   end = evaluate()
-  trainer = cluster.actor_trainer
-  logger = trainer.metrics_logger
-  train_divergence = (
-      np.asarray(
-          logger.get_metric_history(
-              trainer.metrics_prefix, "divergence", "train"
-          )
-      )
-      if logger.metric_exists(trainer.metrics_prefix, "divergence", "train")
-      else np.zeros((0,))
-  )
+  train_divergence = np.asarray(job_state()["train_divergence"], np.float64)
   summary = {
       "prompt_truncation": prompt_truncation,
       "student_exact_match_start": start["exact_match"],

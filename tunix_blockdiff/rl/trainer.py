@@ -114,6 +114,25 @@ class BlockDiffusionRLTrainer(sft_trainer.ExactAccumulation, rl_trainer.Trainer)
       values, _ = buffer.additional_metrics.setdefault(name, ([], op))
       values.append(np.asarray(_metric_value(metrics[name])))
 
+  def metric_history(self, name: str) -> list[float]:
+    """Per-optimizer-step training values of an RL metric so far.
+
+    Tunix writes an optimizer step's metrics one step late (to overlap I/O);
+    the step it holds back is included here, so the list has one value per
+    completed optimizer step (the value Tunix logs for it).
+    """
+    logger = self.metrics_logger
+    history = []
+    if logger.metric_exists(self.metrics_prefix, name, "train"):
+      history = np.asarray(
+          logger.get_metric_history(self.metrics_prefix, name, "train")
+      ).tolist()
+    pending = getattr(self, "_prev_buffered_train_metrics", None)
+    if pending is not None and name in pending.additional_metrics:
+      values, op = pending.additional_metrics[name]
+      history.append(float(op([np.asarray(v, np.float32) for v in values])))
+    return [float(v) for v in history]
+
   def _post_process_train_step(self, aux: Any) -> None:
     self._record_rl_metrics(self._buffered_train_metrics, aux)
 
