@@ -3,19 +3,28 @@
 Rollouts, scores and teacher logits shard their prompts over `fsdp` (4) and
 are gathered on every process; the training examples are global arrays. A
 short run of each job under `tunix-blockdiff launch` must give the
-single-process run's completions and metrics. (2 x 2 devices is the layout
+single-process run's completions and metrics. The two-process rl run is
+killed with SIGKILL after its step-1 checkpoint and relaunched: the resumed
+run must still equal one uninterrupted process. (2 x 2 devices is the layout
 on which OPD's held-out divergence, then eager per-op dispatch, waited on
 gloo forever: every program a job runs over the mesh must be one jitted
 program issued in the same order on every process.)
 """
 
 import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
 
 import jax
 import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff.jobs import launch
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 
 TINY_MODEL = {
@@ -28,10 +37,27 @@ TINY_MODEL = {
 }
 # A reward that differs between rollouts (an untrained policy's exact match
 # is 0 everywhere, which would give GRPO no gradient to compare).
-REWARD = (
-    "def distinct(prompts, completions, **kwargs):\n"
-    "  return [len(set(c)) / 4.0 for c in completions]\n"
-)
+# With BD_BLOCK_AFTER=N set, the call after N completions waits for the
+# step-1 checkpoint and its job state under BD_BLOCK_DIR, then blocks.
+REWARD = """
+import os, pathlib, time
+SEEN = [0]
+
+def distinct(prompts, completions, **kwargs):
+  after = os.environ.get("BD_BLOCK_AFTER")
+  if after and SEEN[0] >= int(after):
+    root = pathlib.Path(os.environ["BD_BLOCK_DIR"])
+    while not ((root / "actor" / "1").is_dir()
+               and (root / "job_state" / "1.json").is_file()):
+      time.sleep(0.1)
+    (root / f"BLOCKED{os.getpid()}").write_text("")
+    time.sleep(3600)
+  SEEN[0] += len(completions)
+  return [len(set(c)) / 4.0 for c in completions]
+"""
+# Completions rewarded before step 2: the held-out evaluation (6 sampled +
+# 6 greedy) and step 1's 2 x 4 rollouts.
+BEFORE_STEP_2 = 12 + 8
 SHORT = [
     "eval.num_prompts=6",
     "eval.batch_size=6",
@@ -46,6 +72,7 @@ RL = [
     "grpo.micro_batch_prompts=1",
     "eval.samples_per_prompt=1",
     "reward=bd_many_processes_reward:distinct",
+    "grpo.checkpoint_every_n_steps=1",
 ]
 OPD = [
     *[f"teacher.{k}={v}" for k, v in TINY_MODEL.items()],
@@ -103,8 +130,12 @@ def test_two_processes_equal_one(
   run = [job, f"{section}.checkpoint={policy}", *SHORT, *args]
   assert jax.device_count() == 8
   assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
+  two = tmp_path / "two"
+  if job == "rl":
+    _kill_two_processes_after_step_1(run, two)
+    assert rl_checkpoints.latest_step(two) == 1
   code = launch.launch(
-      [*run, f"output_dir={tmp_path / 'two'}"],
+      [*run, f"output_dir={two}"],
       processes=2,
       devices_per_process=2,
   )
@@ -118,6 +149,38 @@ def test_two_processes_equal_one(
   # Outputs from process 0 only.
   assert "[p0] wrote" in log and "[p1] wrote" not in log
   assert (tmp_path / "two" / f"{job}.png").is_file()
+
+
+def _kill_two_processes_after_step_1(run, out):
+  """Launches 2 processes, SIGKILLs them (and the launcher) after step 1."""
+  env = dict(
+      os.environ,
+      BD_BLOCK_AFTER=str(BEFORE_STEP_2),
+      BD_BLOCK_DIR=str(out / "checkpoints"),
+  )
+  launcher = subprocess.Popen(
+      [
+          sys.executable, "-m", "tunix_blockdiff.cli", "launch",
+          "--processes", "2", "--devices-per-process", "2", "--",
+          *run, f"output_dir={out}",
+      ],
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.DEVNULL,
+  )
+  deadline = time.time() + 600
+  while len(list((out / "checkpoints").glob("BLOCKED*"))) < 2:
+    assert launcher.poll() is None, "rl exited before the step-1 checkpoint"
+    assert time.time() < deadline, "no step-1 checkpoint in 600 s"
+    time.sleep(0.2)
+  for pid in [p for p in os.listdir("/proc") if p.isdigit()]:
+    try:
+      cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+      continue
+    if f"output_dir={out}".encode() in cmdline:
+      os.kill(int(pid), signal.SIGKILL)
+  launcher.wait()
 
 
 def test_rl_mesh_rules():
