@@ -98,7 +98,14 @@ def plot_reward_curve(
 
 
 def run(cfg) -> dict[str, Any]:
-  """Runs the recipe; returns the summary (also written to `output_dir`)."""
+  """Runs the recipe; returns the summary (also written to `output_dir`).
+
+  A DiffusionGemma `init.checkpoint` runs `jobs.diffusion_gemma_rl`.
+  """
+  from tunix_blockdiff.jobs import diffusion_gemma_rl  # pylint: disable=g-import-not-at-top
+
+  if diffusion_gemma_rl.is_policy(cfg.get("init")):
+    return diffusion_gemma_rl.run(cfg)
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   if cfg.get("reward"):  # A bad spec fails before the warm start.

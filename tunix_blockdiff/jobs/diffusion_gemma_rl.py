@@ -1,0 +1,213 @@
+"""`tunix-blockdiff rl` on a DiffusionGemma policy: GRPO with `dg_grpo`.
+
+`jobs/rl.py` hands a recipe here when `init.checkpoint` is a DiffusionGemma
+sft run's `output_dir` (or an rl run on one: its `policy/`). The policy is
+that run's latest checkpoint (LoRA merged, then trained in full), sampled
+by `DiffusionGemmaRollout` with the run's `sampler` section, inside
+`DiffusionGemmaRLCluster` and trained by `DiffusionGemmaGRPOLearner`
+(`dg_grpo`, the sequence-level exact likelihood ratio). Prompts and the
+reward are the rl job's (`jobs.rl_data`, `jobs.rl_reward`): the run's task,
+or `dataset` and `reward`.
+
+Recipe keys that do not apply here: `rollout.threshold`,
+`rollout.temperature` (the sampler's temperature schedule applies),
+`grpo.loss_agg_mode` and `grpo.likelihood` (dg_grpo is sequence-level and
+exact). Not supported: `grpo.checkpoint_every_n_steps` (no resume yet),
+several processes.
+
+Writes to `output_dir`: the resolved recipe, `summary.json`
+(`reward_start`, `reward_end`: mean held-out reward of sampled rollouts
+before and after; `steps`, `seconds`, ...) and the trained policy in
+`policy/` (a DiffusionGemma sft layout: `generate` and `rl
+init.checkpoint=` take it).
+"""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+from typing import Any
+
+from flax import nnx
+import numpy as np
+import omegaconf
+from tunix.rl import rl_cluster as rl_cluster_lib
+from tunix.sft import metrics_logger as metrics_lib
+
+from tunix_blockdiff import errors
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import diffusion_gemma as dg_job
+from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
+from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
+from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
+from tunix_blockdiff.rl import diffusion_gemma_learner as learner_lib
+from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
+
+Role = rl_cluster_lib.Role
+Mode = rl_cluster_lib.Mode
+
+
+def policy_recipe(init_cfg) -> omegaconf.DictConfig | None:
+  """The DiffusionGemma sft recipe `init.checkpoint` names, else None."""
+  checkpoint = init_cfg.get("checkpoint") if init_cfg is not None else None
+  if not checkpoint:
+    return None
+  recipe = rl_checkpoints.policy_dir(str(checkpoint)) / common.RECIPE_FILE
+  if not recipe.is_file():
+    return None
+  cfg = omegaconf.OmegaConf.load(recipe)
+  return cfg if dg_job.is_recipe(cfg) else None
+
+
+def is_policy(init_cfg) -> bool:
+  """Whether an rl recipe's `init` section names a DiffusionGemma run."""
+  return policy_recipe(init_cfg) is not None
+
+
+def load_policy(init_cfg):
+  """(model, policy recipe with lora null, sampler defaults, step)."""
+  directory = rl_checkpoints.policy_dir(str(init_cfg.checkpoint))
+  sft_cfg = policy_recipe(init_cfg)
+  model, defaults, step = dg_generate.load_run(directory, sft_cfg)
+  policy_cfg = omegaconf.OmegaConf.create(common.to_dict(sft_cfg))
+  policy_cfg.lora = None  # LoRA is merged: the policy trains in full.
+  return model, policy_cfg, defaults, step
+
+
+def _check(cfg) -> None:
+  if cfg.get("distributed") is not None:
+    raise errors.UsageError(
+        "rl on a DiffusionGemma policy runs in one process: set distributed"
+        " to null")
+  if cfg.grpo.get("checkpoint_every_n_steps"):
+    raise errors.UsageError(
+        "grpo.checkpoint_every_n_steps is not supported for a DiffusionGemma"
+        " policy yet (no resume): set it to null")
+  if cfg.get("reward"):
+    rl_reward.load_reward_fn(str(cfg.reward), columns=None)
+
+
+def run(cfg) -> dict[str, Any]:
+  """The rl job on a DiffusionGemma policy; returns the summary it writes."""
+  clock = common.Stopwatch()
+  _check(cfg)
+  out = common.prepare_output_dir(cfg)
+  mesh = rl_common.rl_mesh(cfg.get("mesh"))
+  policy, policy_cfg, defaults, sft_step = load_policy(cfg.init)
+  policy = common.shard_model(policy, mesh)
+  tokenizer = common.build_tokenizer(policy_cfg.tokenizer, policy_cfg.model)
+  sampler = dg_job.sampler_config(policy_cfg.get("sampler"), defaults,
+                                  tokenizer)
+  grpo_cfg = cfg.grpo
+  steps = int(grpo_cfg.steps)
+  prompts_per_step = int(grpo_cfg.prompts_per_step)
+  generations = int(grpo_cfg.num_generations)
+  prompts = rl_data.recipe_prompts(
+      cfg, policy_cfg, tokenizer, num_train=steps * prompts_per_step,
+      num_held_out=int(cfg.eval.num_prompts), seed=int(cfg.seed) + 1000)
+  cfg.rollout.max_prompt_length, prompt_truncation = rl_data.size_prompts(
+      cfg, tokenizer, prompts, job="rl")
+  max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
+  reward_fn = rl_reward.recipe_reward(cfg, prompts)
+  train_rewards: list[float] = []
+
+  @functools.wraps(reward_fn)
+  def tracked_reward(prompts, completions, **kwargs):
+    rewards = reward_fn(prompts=prompts, completions=completions, **kwargs)
+    if kwargs.get("mode", "train") == "train":
+      train_rewards.extend(np.asarray(rewards, np.float64).tolist())
+    return rewards
+
+  training_config = rl_cluster_lib.RLTrainingConfig(
+      actor_optimizer=rl_common.make_rl_optimizer(grpo_cfg),
+      eval_every_n_steps=10**9,
+      max_steps=steps * int(grpo_cfg.num_iterations),
+      mini_batch_size=prompts_per_step,
+      train_micro_batch_size=int(grpo_cfg.micro_batch_prompts),
+      metrics_logging_options=metrics_lib.MetricsLoggerOptions(
+          log_dir=str(out / "tensorboard"), flush_every_n_steps=20),
+      pbar_description="DiffusionGemma GRPO",
+  )
+  reference = None
+  if float(grpo_cfg.beta) != 0.0:
+    reference = nnx.clone(policy)
+  cluster = cluster_lib.DiffusionGemmaRLCluster(
+      actor=policy,
+      reference=reference,
+      tokenizer=tokenizer,
+      cluster_config=rl_cluster_lib.ClusterConfig(
+          role_to_mesh={r: mesh for r in (Role.ACTOR, Role.REFERENCE,
+                                          Role.ROLLOUT)},
+          rollout_engine=functools.partial(
+              engine_lib.DiffusionGemmaRollout, sampler_config=sampler,
+              seed=int(cfg.seed)),
+          training_config=training_config,
+          rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
+      ),
+  )
+  learner = learner_lib.DiffusionGemmaGRPOLearner(
+      cluster,
+      dg_grpo.DiffusionGemmaGRPOConfig(
+          num_generations=generations,
+          num_iterations=int(grpo_cfg.num_iterations),
+          beta=float(grpo_cfg.beta),
+          epsilon=float(grpo_cfg.epsilon),
+      ),
+      reward_fns=[tracked_reward],
+  )
+
+  def evaluate() -> float:
+    with mesh:
+      return rl_common.evaluate_rewards(
+          cluster, prompts.held_out, reward_fn,
+          samples=int(cfg.eval.samples_per_prompt), mode=Mode.EVAL,
+          batch_size=int(cfg.eval.batch_size))
+
+  start = evaluate()
+  rl_clock = common.Stopwatch()
+  with mesh:
+    learner.train(list(rl_data.prompt_batches(prompts.train,
+                                              prompts_per_step)))
+  rl_seconds = rl_clock()
+  trainer = cluster.actor_trainer
+  with mesh:
+    rl_checkpoints.save_policy(out, trainer.model, policy_cfg,
+                               trainer.train_steps)
+  end = evaluate()
+  per_step = prompts_per_step * generations
+  batch_rewards = [float(np.mean(train_rewards[i:i + per_step]))
+                   for i in range(0, len(train_rewards), per_step)]
+  summary = {
+      "policy_family": "diffusion_gemma",
+      "prompt_truncation": prompt_truncation,
+      "reward_start": start,
+      "reward_end": end,
+      # The sampler has no greedy mode: EVAL rollouts sample too.
+      "greedy_exact_match_start": None,
+      "greedy_exact_match_end": None,
+      "train_step_rewards": batch_rewards,
+      "train_groups_with_signal": rl_common.groups_with_signal(
+          train_rewards, generations),
+      "is_ratio_mean": trainer.metric_history("is_ratio/mean"),
+      "steps": steps,
+      "optimizer_steps": trainer.train_steps,
+      "rollouts": steps * per_step,
+      "held_out_prompts": len(prompts.held_out),
+      "prompts_source": prompts.source,
+      "reward_fn": str(cfg.get("reward") or "exact_match"),
+      "sampler": dict(sampler.__dict__),
+      "rl_seconds": rl_seconds,
+      "seconds": clock(),
+      "sft": {"checkpoint": str(cfg.init.checkpoint),
+              "checkpoint_step": sft_step},
+      "recipe": common.to_dict(cfg),
+  }
+  common.write_summary(out, summary)
+  return summary
+
+
+__all__ = ["is_policy", "load_policy", "policy_recipe", "run"]
