@@ -142,6 +142,7 @@ def greedy_generate(
     max_new_tokens: int,
     max_prompt_length: int,
     batch_size: int,
+    warmup: bool = False,
 ) -> tuple[list[list[int]], float]:
   """Greedy completions (token ids, cut at EOS) with Tunix's `Sampler`.
 
@@ -152,9 +153,12 @@ def greedy_generate(
     max_new_tokens: Decoding steps.
     max_prompt_length: Fixed prompt width (one compiled program).
     batch_size: Prompts per call (the last batch is padded by repetition).
+    warmup: Decode the first batch once, untimed, with the same `Sampler`
+      first (its programs are compiled per instance), so the seconds
+      exclude compilation.
 
   Returns:
-    (completions, wall seconds including compilation).
+    (completions, wall seconds; including compilation unless `warmup`).
   """
   config = model.config
   sampler = sampler_lib.Sampler(
@@ -168,12 +172,10 @@ def greedy_generate(
       ),
   )
   eos = hf_tokenizer.eos_token_id
-  start = time.perf_counter()
-  out = []
-  for i in range(0, len(prompts), batch_size):
-    chunk = list(prompts[i : i + batch_size])
+
+  def decode(chunk):
     real = len(chunk)
-    chunk += [chunk[-1]] * (batch_size - real)
+    chunk = chunk + [chunk[-1]] * (batch_size - real)
     result = sampler(
         chunk,
         max_generation_steps=max_new_tokens,
@@ -181,7 +183,14 @@ def greedy_generate(
         temperature=0.0,
         eos_tokens=[eos],
     )
-    for tokens in list(result.tokens)[:real]:
+    return list(result.tokens)[:real]
+
+  if warmup and prompts:
+    decode(list(prompts[:batch_size]))
+  start = time.perf_counter()
+  out = []
+  for i in range(0, len(prompts), batch_size):
+    for tokens in decode(list(prompts[i : i + batch_size])):
       ids = [int(t) for t in np.asarray(tokens)]
       out.append(ids[: ids.index(eos)] if eos in ids else ids)
   return out, time.perf_counter() - start

@@ -1,4 +1,7 @@
-"""The Python standard library's source as a corpus (for `convert_code.py`).
+"""Python source as a corpus (for `convert_code.py`): the stdlib by default.
+
+Any source tree of Python files works the same way (`--corpus DIR`, e.g. an
+installed package's directory).
 
 Files are grouped by top-level module (`json/decoder.py` belongs to `json`);
 a seeded split by module sends whole modules to evaluation, so nothing of an
@@ -42,7 +45,7 @@ def modules(root: pathlib.Path | None = None) -> dict[str, list[pathlib.Path]]:
   """Top-level module name -> its `*.py` files (sorted), tests skipped."""
   root = pathlib.Path(root) if root is not None else stdlib_root()
   if not root.is_dir():
-    raise FileNotFoundError(f"standard library directory {root} not found")
+    raise FileNotFoundError(f"corpus directory {root} not found")
   grouped: dict[str, list[pathlib.Path]] = {}
   for path in sorted(root.rglob("*.py")):
     parts = path.relative_to(root).parts

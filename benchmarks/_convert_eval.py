@@ -6,33 +6,58 @@ ids before EOS) against the reference body: exact match of the first line
 Tokens per model call: committed tokens (with EOS) over the model calls a
 row takes part in; the AR peer commits one token per decoding call. Wall
 time is measured after one untimed warm-up batch (compilation excluded).
+Agreement with the AR peer: the edit similarity of the first 64 tokens of a
+model's completion to the AR peer's greedy completion of the same prompt.
 """
 
 from __future__ import annotations
 
+import pathlib
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import _causal_lm
 import numpy as np
+import omegaconf
 
 from tunix_blockdiff.models import checkpoints
+from tunix_blockdiff.models import hf_export
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import metrics
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import generate as generate_job
+from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.rollout import cached
 
 COMPARED_TOKENS = 64
-TARGET_FRACTION = 0.9
-TARGET_TOKENS_PER_CALL = 2.0
+
+
+def agreement(
+    generated: Sequence[Sequence[int]], ar_generated: Sequence[Sequence[int]]
+) -> float:
+  """Mean edit similarity of the first 64 tokens to the AR peer's output."""
+  return float(
+      np.mean([
+          metrics.edit_similarity(
+              list(a)[:COMPARED_TOKENS], list(b)[:COMPARED_TOKENS]
+          )
+          for a, b in zip(generated, ar_generated, strict=True)
+      ])
+  )
 
 
 def score(
-    generated: Sequence[Sequence[int]], rows: Sequence[dict], tokenizer
+    generated: Sequence[Sequence[int]],
+    rows: Sequence[dict],
+    tokenizer,
+    ar_generated: Sequence[Sequence[int]] | None = None,
 ) -> dict[str, float]:
-  """First-line exact match and 64-token edit similarity, averaged."""
+  """First-line exact match and 64-token edit similarity, averaged.
+
+  With `ar_generated` (the AR peer's greedy ids per row), also
+  `ar_agreement`: the edit similarity of the first 64 tokens to them.
+  """
   em, sim = [], []
   for ids, row in zip(generated, rows, strict=True):
     reference = tokenizer.encode(row["completion"])
@@ -45,10 +70,13 @@ def score(
         metrics.first_line(tokenizer.decode(list(ids)))
         == metrics.first_line(row["completion"])
     )
-  return {
+  out = {
       "first_line_em": float(np.mean(em)),
       "edit_similarity": float(np.mean(sim)),
   }
+  if ar_generated is not None:
+    out["ar_agreement"] = agreement(generated, ar_generated)
+  return out
 
 
 def _until_eos(ids, eos: int, pad: int) -> list[int]:
@@ -94,8 +122,26 @@ def diffusion_generate(
   return generated, committed / max(calls, 1), time.perf_counter() - clock
 
 
-def evaluate_converted(run_dir, cfg, tokenizer, rows, sizes, log) -> dict:
-  """The converted checkpoint of an sft run over thresholds and schedules."""
+def evaluate_converted(
+    run_dir, tokenizer, rows, sizes, log, *, name, ar_generated=None
+) -> dict:
+  """A converted run (sft output_dir, or rl/opd's) over thresholds and schedules.
+
+  Args:
+    run_dir: The run directory (`rl_checkpoints.policy_dir` resolves an
+      opd output_dir to its `policy/`).
+    tokenizer: The checkpoint's `HFTokenizer`.
+    rows: Held-out `{"prompt", "completion"}` rows.
+    sizes: The benchmark's `Sizes` (thresholds, schedules, eval batch).
+    log: A one-line logger.
+    name: The model's name in the log.
+    ar_generated: The AR peer's greedy ids per row, for `ar_agreement`.
+
+  Returns:
+    `{"points": [...], "samples": [...]}`.
+  """
+  run_dir = rl_checkpoints.policy_dir(run_dir)
+  cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
   model, _ = generate_job.load_trained_model(run_dir, cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
   examples = data_lib.as_examples(
@@ -133,9 +179,9 @@ def evaluate_converted(run_dir, cfg, tokenizer, rows, sizes, log) -> dict:
         kind: value,
         "tokens_per_call": tokens_per_call,
         "seconds": seconds,
-        **score(generated, rows, tokenizer),
+        **score(generated, rows, tokenizer, ar_generated),
     }
-    log(f"{run_dir.name} {kind}={value}: {point}")
+    log(f"{name} {kind}={value}: {point}")
     points.append(point)
   return {
       "points": points,
@@ -146,11 +192,16 @@ def evaluate_converted(run_dir, cfg, tokenizer, rows, sizes, log) -> dict:
   }
 
 
-def ar_peer(cfg, hf_tokenizer, tokenizer, rows, sizes, log) -> dict:
+def ar_peer(
+    cfg, hf_tokenizer, tokenizer, rows, sizes, log, *, save_dir=None
+) -> dict:
   """Causal fine-tuning of `cfg.model.path` with the sft recipe's budget.
 
   `cfg` is the full fine-tuning sft recipe: the same steps, batch size,
   learning-rate schedule and sequence length as the converted model's run.
+  With `save_dir` the fine-tuned peer is saved there as a Hugging Face
+  directory (the distillation teacher). The result's `generated` holds its
+  greedy ids per held-out row (for the agreement of the other models).
   """
   model = checkpoints.load_qwen3(cfg.model.path)
   pairs = [
@@ -177,15 +228,23 @@ def ar_peer(cfg, hf_tokenizer, tokenizer, rows, sizes, log) -> dict:
       f"AR peer: {steps} causal steps in {train_seconds:.0f}s, final loss"
       f" {np.mean(losses[-10:]):.3f}"
   )
+  if save_dir is not None:
+    hf_export.save_qwen3_hf(
+        model,
+        save_dir,
+        tokenizer_json=pathlib.Path(cfg.model.path).parent / "tokenizer",
+        bos_token_id=tokenizer.bos_id(),
+        eos_token_id=tokenizer.eos_id(),
+        pad_token_id=tokenizer.pad_id(),
+    )
   prompts = [r["prompt"] for r in rows["eval"]]
   kwargs = dict(
       max_new_tokens=COMPARED_TOKENS,
       max_prompt_length=sizes.prompt_tokens + 1,
       batch_size=sizes.eval_batch,
   )
-  _causal_lm.greedy_generate(model, hf_tokenizer, prompts[:1], **kwargs)
   generated, seconds = _causal_lm.greedy_generate(
-      model, hf_tokenizer, prompts, **kwargs
+      model, hf_tokenizer, prompts, warmup=True, **kwargs
   )
   point = {
       "tokens_per_call": 1.0,
@@ -195,127 +254,10 @@ def ar_peer(cfg, hf_tokenizer, tokenizer, rows, sizes, log) -> dict:
   log(f"AR peer (Tunix Sampler, greedy): {point}")
   return {
       "points": [point],
+      "generated": [list(map(int, g)) for g in generated],
       "train_seconds": train_seconds,
       "final_train_loss": float(np.mean(losses[-10:])),
       "learning_rate": float(cfg.training.learning_rate),
       "batch_size": int(cfg.data.batch_size),
       "steps": steps,
   }
-
-
-def summarize(results: dict, **extra: Any) -> dict:
-  """Adds the target verdict per converted model to the results."""
-  ar = results["ar_peer"]["points"][0]["edit_similarity"]
-  verdicts = {}
-  for name, result in results.items():
-    if name == "ar_peer":
-      continue
-    fast = [
-        p
-        for p in result["points"]
-        if p["tokens_per_call"] >= TARGET_TOKENS_PER_CALL
-    ]
-    best = max(fast, key=lambda p: p["edit_similarity"], default=None)
-    kept = best["edit_similarity"] / ar if best and ar > 0 else None
-    verdicts[name] = {
-        "best_at_2_tokens_per_call": best,
-        "fraction_of_ar_edit_similarity": kept,
-        "reached": bool(kept is not None and kept >= TARGET_FRACTION),
-    }
-  return {"results": results, "target": verdicts, **extra}
-
-
-def _label(point: dict) -> str:
-  if "threshold" in point:
-    return f"threshold {point['threshold']:g}"
-  if "steps_per_block" in point:
-    return f"steps_per_block {point['steps_per_block']}"
-  return "greedy"
-
-
-def table(summary: dict) -> str:
-  """The README table (markdown)."""
-  lines = [
-      (
-          "| model | decoding | first-line EM | edit sim. (64 tok) |"
-          " tokens / call | wall s |"
-      ),
-      "|---|---|---:|---:|---:|---:|",
-  ]
-  for name, result in summary["results"].items():
-    for p in result["points"]:
-      lines.append(
-          f"| {name} | {_label(p)} | {p['first_line_em']:.3f} |"
-          f" {p['edit_similarity']:.3f} | {p['tokens_per_call']:.2f} |"
-          f" {p['seconds']:.1f} |"
-      )
-  return "\n".join(lines)
-
-
-def figure_title(summary: dict) -> str:
-  """The figure's title, naming the corpus the run used (`summary["corpus"]`)."""
-  corpus = (summary.get("corpus") or {}).get("name")
-  where = f"{corpus} held-out modules" if corpus else "held-out modules"
-  return f"{where}: converted vs AR"
-
-
-def plot(path, summary: dict) -> None:
-  """Edit similarity against tokens per call; the AR point is a star."""
-  import matplotlib  # pylint: disable=g-import-not-at-top
-
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
-
-  fig, ax = plt.subplots(figsize=(6.4, 4.2))
-  results = summary["results"]
-  ar = results["ar_peer"]["points"][0]
-  for (name, result), color in zip(
-      [(n, r) for n, r in results.items() if n != "ar_peer"],
-      ("tab:blue", "tab:orange", "tab:green"),
-  ):
-    for kind, marker in (("threshold", "o-"), ("steps_per_block", "s--")):
-      pts = sorted(
-          (p for p in result["points"] if kind in p),
-          key=lambda p: p["tokens_per_call"],
-      )
-      if pts:
-        ax.plot(
-            [p["tokens_per_call"] for p in pts],
-            [p["edit_similarity"] for p in pts],
-            marker,
-            color=color,
-            label=f"{name} ({kind})",
-            ms=4,
-        )
-        for p in pts:
-          ax.annotate(
-              f"{p[kind]:g}",
-              (p["tokens_per_call"], p["edit_similarity"]),
-              textcoords="offset points",
-              xytext=(3, 4),
-              fontsize=7,
-          )
-  ax.plot(
-      [1.0],
-      [ar["edit_similarity"]],
-      "*",
-      color="black",
-      ms=14,
-      label="AR peer (Tunix Sampler, greedy)",
-  )
-  ax.axhline(
-      TARGET_FRACTION * ar["edit_similarity"],
-      color="gray",
-      ls=":",
-      lw=1,
-      label="90% of AR",
-  )
-  ax.axvline(TARGET_TOKENS_PER_CALL, color="gray", ls="-.", lw=1)
-  ax.set_xlabel("committed tokens per model call")
-  ax.set_ylabel("edit similarity, first 64 tokens")
-  ax.set_title(figure_title(summary), fontsize=10)
-  ax.grid(alpha=0.3)
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  fig.savefig(path, dpi=90)
-  plt.close(fig)

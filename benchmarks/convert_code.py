@@ -1,8 +1,10 @@
 """Convert a pretrained autoregressive model on real code; what is kept?
 
 The corpus is the running Python's standard library source (`sysconfig`; no
-download), split by top-level module with a fixed seed: held-out modules are
-never seen by the tokenizer, pretraining or fine-tuning. The script
+download), or any source tree of Python files (`--corpus DIR`, e.g. an
+installed package's directory), split by top-level entry with a fixed seed:
+held-out modules are never seen by the tokenizer, pretraining or fine-tuning.
+The script
 
 1. trains a byte-level BPE tokenizer (HF `tokenizers`) on the training
    modules and saves it (`tokenizer.json` + `tokenizer_config.json`);
@@ -11,19 +13,25 @@ never seen by the tokenizer, pretraining or fine-tuning. The script
 3. writes fine-tuning rows as jsonl: prompt = a documented function's
    signature + docstring, completion = its body (whole lines, <= a token
    budget); train rows from training modules, eval rows from held-out ones;
-4. converts the checkpoint with `tunix-blockdiff sft convert_code.yaml
-   model.path=... dataset.train=... dataset.eval=...` (it loads through
-   `model.kind: qwen3_hf`, as a real Qwen3 does): full fine-tuning and LoRA;
-5. fine-tunes the same checkpoint causally on the same rows, with the same
-   steps, batch and learning rate (the AR peer);
+4. fine-tunes the checkpoint causally on the train rows (the AR peer) and
+   saves it as a Hugging Face directory (`RUN/ar_peer`), the teacher;
+5. runs the conversion recipe chain (`_convert_stages.py`), each stage a
+   `tunix-blockdiff` command on the previous stage's output: `sft
+   convert_code.yaml model.path=RUN/ar_base ...` (full and LoRA), then
+   sequence-level KD (`distill-data RUN/ar_peer` on the train prompts,
+   `export`, `sft` on those rows), the certainty term
+   (`diffusion.certainty_weight`), OPD from the AR peer (`opd
+   teacher.kind=hf`), and all of them combined;
 6. evaluates on the held-out rows: the AR peer with Tunix's `Sampler`
-   (greedy) against the converted models with `tunix_blockdiff.generate`
-   (a threshold sweep and static `steps_per_block` schedules): first-line
-   exact match, edit similarity of the first 64 tokens, tokens per model
-   call and wall time; writes `summary.json` and `convert_code.png`.
+   (greedy) against every stage with `tunix_blockdiff.generate` (a threshold
+   sweep and static `steps_per_block` schedules), in this process: edit
+   similarity of the first 64 tokens to the reference and to the AR peer's
+   output, tokens per model call and wall time; writes `summary.json`
+   (`"rows"`: one object per point) and `convert_code.png`.
 
     python benchmarks/convert_code.py                 # the README table
     python benchmarks/convert_code.py --quick         # a minute-long smoke run
+    python benchmarks/convert_code.py --corpus DIR    # another source tree
     tunix-blockdiff bench convert_code [--out DIR]    # the same, via the CLI
 """
 
@@ -31,10 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
 import pathlib
-import subprocess
 import sys
 import time
 
@@ -44,6 +49,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _causal_lm
 import _code_corpus
 import _convert_eval
+import _convert_report
+import _convert_stages
 from flax import nnx
 import numpy as np
 import omegaconf
@@ -53,12 +60,6 @@ from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.jobs import common
-
-RECIPE = (
-    pathlib.Path(__file__).resolve().parents[1]
-    / "recipes"
-    / "convert_code.yaml"
-)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +84,14 @@ class Sizes:
   sft_steps: int = 300
   sft_batch: int = 16
   lora_lr: float = 3e-3
+  stage_steps: int = 150  # each sft stage after the first (KD, certainty)
+  certainty_weight: float = 0.5
+  certainty_temperature: float = 1.0
+  opd_steps: int = 40
+  opd_prompts: int = 8
+  opd_lr: float = 3e-4
+  opd_eval_prompts: int = 16
+  stages: tuple[str, ...] = tuple(s.name for s in _convert_stages.STAGES)
   thresholds: tuple[float, ...] = (0.5, 0.7, 0.9)
   steps_per_block: tuple[int, ...] = (1, 2)
   eval_batch: int = 32
@@ -107,6 +116,11 @@ QUICK = Sizes(
     max_eval_rows=4,
     sft_steps=2,
     sft_batch=4,
+    stage_steps=2,
+    opd_steps=1,
+    opd_prompts=2,
+    opd_eval_prompts=2,
+    stages=tuple(s.name for s in _convert_stages.STAGES if not s.lora),
     thresholds=(0.9,),
     steps_per_block=(2,),
     eval_batch=4,
@@ -195,56 +209,23 @@ def pretrain(sizes: Sizes, tokenizer, files, out: pathlib.Path, log) -> dict:
   }
 
 
-def sft_overrides(sizes: Sizes, out: pathlib.Path, name: str, lora: bool):
-  overrides = [
-      f"model.path={out / 'ar_base'}",
-      f"dataset.train={out / 'sft_train.jsonl'}",
-      f"dataset.eval={out / 'sft_eval.jsonl'}",
-      f"output_dir={out / name}",
-      f"training.max_steps={sizes.sft_steps}",
-      f"training.eval_every_n_steps={max(sizes.sft_steps // 2, 1)}",
-      f"training.checkpoint_every_n_steps={sizes.sft_steps}",
-      f"data.seq_len={1 + sizes.prompt_tokens + sizes.completion_tokens + 1}",
-      f"data.batch_size={sizes.sft_batch}",
-      f"eval.batch_size={sizes.eval_batch}",
-      f"seed={sizes.seed}",
-  ]
-  if lora:
-    overrides += [
-        "lora.enabled=true",
-        f"training.learning_rate={sizes.lora_lr}",
-    ]
-  return overrides
-
-
-def convert(sizes: Sizes, out: pathlib.Path, name: str, lora: bool, log):
-  """`tunix-blockdiff sft convert_code.yaml ...` in a subprocess."""
-  command = [
-      sys.executable,
-      "-m",
-      "tunix_blockdiff.cli",
-      "sft",
-      str(RECIPE),
-      *sft_overrides(sizes, out, name, lora),
-  ]
-  log("$ tunix-blockdiff sft " + " ".join(command[4:]))
-  start = time.perf_counter()
-  subprocess.run(command, check=True, env=dict(os.environ))
-  seconds = time.perf_counter() - start
-  summary = json.loads((out / name / common.SUMMARY_FILE).read_text())
-  return seconds, summary
-
-
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--out", default="runs/convert_code")
   parser.add_argument(
       "--quick",
       action="store_true",
-      help="tiny sizes: a smoke run of every step",
+      help="tiny sizes: a smoke run of every stage",
   )
   parser.add_argument(
-      "--stdlib", default=None, help="corpus root (default: sysconfig's stdlib)"
+      "--corpus",
+      "--stdlib",
+      dest="corpus",
+      default=None,
+      help=(
+          "a source tree of Python files, grouped by top-level entry"
+          " (default: sysconfig's stdlib; --stdlib is an alias)"
+      ),
   )
   parser.add_argument(
       "--max-modules",
@@ -252,7 +233,51 @@ def main(argv=None) -> int:
       default=None,
       help="use only the first N modules (smoke runs)",
   )
-  args = parser.parse_args(argv)
+  return parser
+
+
+def split_corpus(root, sizes: Sizes, max_modules: int | None):
+  """(train modules, eval modules, train files, eval files) of a corpus."""
+  groups = _code_corpus.modules(root)
+  if max_modules:
+    groups = dict(sorted(groups.items())[:max_modules])
+  train_mods, eval_mods = _code_corpus.split_modules(
+      groups, eval_fraction=sizes.eval_fraction, seed=sizes.seed
+  )
+  return (
+      train_mods,
+      eval_mods,
+      [f for m in train_mods for f in groups[m]],
+      [f for m in eval_mods for f in groups[m]],
+  )
+
+
+def write_rows(sizes: Sizes, tokenizer, files, out: pathlib.Path, root):
+  """Train and eval `{"prompt", "completion"}` rows, written as jsonl."""
+  rows = {}
+  for split, cap in (
+      ("train", sizes.max_train_rows),
+      ("eval", sizes.max_eval_rows),
+  ):
+    rows[split] = _code_corpus.sft_rows(
+        files[split],
+        tokenizer,
+        prompt_tokens=sizes.prompt_tokens,
+        completion_tokens=sizes.completion_tokens,
+        max_rows=cap,
+        seed=sizes.seed,
+    )
+    if not rows[split]:
+      raise SystemExit(
+          f"convert_code: the {split} modules of {root} have no documented"
+          " function within the token budgets: no rows to train or evaluate"
+      )
+    _code_corpus.write_jsonl(rows[split], out / f"sft_{split}.jsonl")
+  return rows
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
   sizes = QUICK if args.quick else Sizes()
   out = pathlib.Path(args.out).expanduser().resolve()
   out.mkdir(parents=True, exist_ok=True)
@@ -265,78 +290,66 @@ def main(argv=None) -> int:
         flush=True,
     )
 
-  groups = _code_corpus.modules(args.stdlib)
-  if args.max_modules:
-    groups = dict(sorted(groups.items())[: args.max_modules])
-  train_mods, eval_mods = _code_corpus.split_modules(
-      groups, eval_fraction=sizes.eval_fraction, seed=sizes.seed
+  root = (
+      pathlib.Path(args.corpus).expanduser().resolve()
+      if args.corpus
+      else _code_corpus.stdlib_root()
   )
-  train_files = [f for m in train_mods for f in groups[m]]
-  eval_files = [f for m in eval_mods for f in groups[m]]
+  train_mods, eval_mods, train_files, eval_files = split_corpus(
+      root, sizes, args.max_modules
+  )
   log(
       f"{len(train_mods)} train modules ({len(train_files)} files),"
       f" {len(eval_mods)} eval modules ({len(eval_files)} files)"
   )
-
   tokenizer = _code_corpus.train_tokenizer(
       (t for t in map(_code_corpus.read_text, train_files) if t),
       out / "tokenizer",
       vocab_size=sizes.vocab_size,
   )
   pretraining = pretrain(sizes, tokenizer, train_files, out / "ar_base", log)
-
-  rows = {}
-  for split, files, cap in (
-      ("train", train_files, sizes.max_train_rows),
-      ("eval", eval_files, sizes.max_eval_rows),
-  ):
-    rows[split] = _code_corpus.sft_rows(
-        files,
-        tokenizer,
-        prompt_tokens=sizes.prompt_tokens,
-        completion_tokens=sizes.completion_tokens,
-        max_rows=cap,
-        seed=sizes.seed,
-    )
-    _code_corpus.write_jsonl(rows[split], out / f"sft_{split}.jsonl")
+  rows = write_rows(
+      sizes, tokenizer, {"train": train_files, "eval": eval_files}, out, root
+  )
   log(f"{len(rows['train'])} train rows, {len(rows['eval'])} eval rows")
 
   hf_tok = checkpoints.HFTokenizer(out / "ar_base")
-  results = {}
-  for name, lora in (("converted_full", False), ("converted_lora", True)):
-    seconds, summary = convert(sizes, out, name, lora, log)
-    cfg = omegaconf.OmegaConf.load(out / name / common.RECIPE_FILE)
-    results[name] = _convert_eval.evaluate_converted(
-        out / name, cfg, hf_tok, rows["eval"], sizes, log
-    )
-    results[name]["train_seconds"] = seconds
-    results[name]["final_train_loss"] = summary.get("final_train_loss")
-
+  # The AR peer: the first sft stage's steps, batch, schedule and width.
   peer_cfg = common.load_recipe(
-      [str(RECIPE)] + sft_overrides(sizes, out, "ar_peer", lora=False)
+      _convert_stages.sft_args(sizes, out, _convert_stages.Stage("ar", "sft"))
   )
-  results["ar_peer"] = _convert_eval.ar_peer(
-      peer_cfg, tokenizer, hf_tok, rows, sizes, log
-  )
-  summary = _convert_eval.summarize(
+  results = {
+      "ar_peer": _convert_eval.ar_peer(
+          peer_cfg, tokenizer, hf_tok, rows, sizes, log, save_dir=out / "ar_peer"
+      )
+  }
+  ar_generated = results["ar_peer"].pop("generated")
+  stages = [s for s in _convert_stages.STAGES if s.name in sizes.stages]
+  compute = _convert_stages.run_all(sizes, out, log, stages)
+  for stage in stages:
+    results[stage.name] = _convert_eval.evaluate_converted(
+        out / stage.name,
+        hf_tok,
+        rows["eval"],
+        sizes,
+        log,
+        name=stage.name,
+        ar_generated=ar_generated,
+    )
+    results[stage.name]["train_seconds"] = compute[stage.name]["train_seconds"]
+  summary = _convert_report.summarize(
       results,
+      compute=compute,
       sizes=dataclasses.asdict(sizes),
       pretraining=pretraining,
-      corpus={
-          "name": _code_corpus.corpus_name(args.stdlib),
-          "root": str(
-              pathlib.Path(args.stdlib).expanduser().resolve()
-              if args.stdlib
-              else _code_corpus.stdlib_root()
-          ),
-      },
+      corpus={"name": _code_corpus.corpus_name(args.corpus), "root": str(root)},
       modules={"train": train_mods, "eval": eval_mods},
-      rows={k: len(v) for k, v in rows.items()},
+      num_rows={k: len(v) for k, v in rows.items()},
       seconds=time.perf_counter() - clock,
   )
   common.write_summary(out, summary)
-  _convert_eval.plot(out / "convert_code.png", summary)
-  print(_convert_eval.table(summary))
+  _convert_report.plot(out / "convert_code.png", summary)
+  print(_convert_report.table(summary))
   log(f"wrote {out / common.SUMMARY_FILE} and {out / 'convert_code.png'}")
   return 0
 

@@ -1,0 +1,248 @@
+"""The conversion recipe chain `convert_code.py` runs, stage by stage.
+
+Every stage is a `tunix-blockdiff` command line, run in this process through
+`tunix_blockdiff.cli.main` (what a user types, without a fresh interpreter
+per stage), each starting from the previous stage's output:
+
+    RUN/ar_base (AR HF dir) --sft convert_code.yaml--> RUN/sft
+    RUN/sft --export--> RUN/sft_hf --sft dataset.train=RUN/distilled.jsonl--> RUN/sft_kd
+    RUN/sft_hf --sft ... diffusion.certainty_weight=C--> RUN/sft_kd_certainty
+    RUN/sft --opd teacher.kind=hf teacher.path=RUN/ar_peer--> RUN/sft_opd
+    RUN/sft_kd_certainty --opd ...--> RUN/sft_kd_certainty_opd (all three)
+
+`RUN/distilled.jsonl` is `tunix-blockdiff distill-data RUN/ar_peer
+RUN/sft_train.jsonl`: the AR peer's greedy completions of the training
+prompts. Each stage's training compute is counted as steps x batch x tokens
+per row (the padded width the step runs on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import shutil
+import time
+from typing import Any, Callable
+
+from tunix_blockdiff import cli
+
+RECIPE = (
+    pathlib.Path(__file__).resolve().parents[1] / "recipes" / "convert_code.yaml"
+)
+DISTILLED = "distilled.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """One command of the chain; `name` is its output_dir under RUN.
+
+  Attributes:
+    name: The output directory (and the model's name in the report).
+    command: `sft` or `opd`.
+    parent: The stage it starts from; None: the AR base checkpoint.
+    distilled: Train on the AR peer's completions instead of the references.
+    lora: LoRA instead of full fine-tuning (sft only).
+    certainty: Turn on the SFT certainty term (sft only).
+  """
+
+  name: str
+  command: str
+  parent: str | None = None
+  distilled: bool = False
+  lora: bool = False
+  certainty: bool = False
+
+
+# The certainty term is measured on the KD stage (`sft_kd_certainty` against
+# `sft_kd`: the same rows and steps, only the term differs); the last stage
+# combines all three.
+STAGES = (
+    Stage("sft", "sft"),
+    Stage("sft_lora", "sft", lora=True),
+    Stage("sft_kd", "sft", parent="sft", distilled=True),
+    Stage("sft_kd_certainty", "sft", parent="sft", distilled=True,
+          certainty=True),
+    Stage("sft_opd", "opd", parent="sft"),
+    Stage("sft_kd_certainty_opd", "opd", parent="sft_kd_certainty"),
+)
+
+
+def by_name(stages=STAGES) -> dict[str, Stage]:
+  return {s.name: s for s in stages}
+
+
+def chain(name: str, stages=STAGES) -> list[Stage]:
+  """The stages from the AR base to `name`, in the order they run."""
+  index = by_name(stages)
+  if name not in index:
+    raise ValueError(f"unknown stage {name!r}; known: {sorted(index)}")
+  out = []
+  while name is not None:
+    out.append(index[name])
+    name = index[name].parent
+  return out[::-1]
+
+
+def row_tokens(sizes) -> int:
+  """Tokens per SFT row: BOS + prompt + completion + EOS."""
+  return 1 + sizes.prompt_tokens + sizes.completion_tokens + 1
+
+
+def sft_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
+  """The `sft convert_code.yaml ...` arguments of an sft stage."""
+  base = run / "ar_base" if stage.parent is None else run / f"{stage.parent}_hf"
+  data = run / (DISTILLED if stage.distilled else "sft_train.jsonl")
+  steps = sizes.sft_steps if stage.parent is None else sizes.stage_steps
+  args = [
+      str(RECIPE),
+      f"model.path={base}",
+      f"dataset.train={data}",
+      f"dataset.eval={run / 'sft_eval.jsonl'}",
+      f"output_dir={run / stage.name}",
+      f"training.max_steps={steps}",
+      f"training.eval_every_n_steps={max(steps // 2, 1)}",
+      f"training.checkpoint_every_n_steps={steps}",
+      f"data.seq_len={row_tokens(sizes)}",
+      f"data.batch_size={sizes.sft_batch}",
+      f"eval.batch_size={sizes.eval_batch}",
+      f"seed={sizes.seed}",
+  ]
+  if stage.lora:
+    args += ["lora.enabled=true", f"training.learning_rate={sizes.lora_lr}"]
+  if stage.certainty:
+    args += [
+        f"diffusion.certainty_weight={sizes.certainty_weight}",
+        f"diffusion.certainty_temperature={sizes.certainty_temperature}",
+    ]
+  return args
+
+
+def opd_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
+  """The `opd teacher.kind=hf ...` arguments of an opd stage."""
+  return [
+      "teacher.kind=hf",
+      f"teacher.path={run / 'ar_peer'}",
+      f"student.checkpoint={run / stage.parent}",
+      f"output_dir={run / stage.name}",
+      f"dataset.train={run / 'sft_train.jsonl'}",
+      "dataset.fields.answer=completion",
+      f"rollout.max_prompt_length={1 + sizes.prompt_tokens}",
+      f"rollout.max_tokens_to_generate={sizes.completion_tokens + 1}",
+      f"opd.steps={sizes.opd_steps}",
+      f"opd.prompts_per_step={sizes.opd_prompts}",
+      f"opd.micro_batch_prompts={sizes.opd_prompts}",
+      f"opd.learning_rate={sizes.opd_lr}",
+      f"eval.num_prompts={sizes.opd_eval_prompts}",
+      f"eval.batch_size={sizes.opd_eval_prompts}",
+      f"seed={sizes.seed}",
+  ]
+
+
+def distill_args(sizes, run: pathlib.Path) -> list[str]:
+  """`distill-data` of the AR peer on the training prompts."""
+  return [
+      str(run / "ar_peer"),
+      str(run / "sft_train.jsonl"),
+      str(run / DISTILLED),
+      f"--max-new-tokens={sizes.completion_tokens}",
+      f"--batch-size={sizes.eval_batch}",
+      "--overwrite",
+  ]
+
+
+def run_cli(argv: list[str], log: Callable[[str], None]) -> float:
+  """`tunix-blockdiff ARGV` in this process; its seconds. Fails loudly."""
+  log("$ tunix-blockdiff " + " ".join(argv))
+  start = time.perf_counter()
+  code = cli.main(list(argv))
+  if code != 0:
+    raise RuntimeError(f"tunix-blockdiff {argv[0]} exited with {code}")
+  return time.perf_counter() - start
+
+
+def compute(kind: str, steps: int, batch: int, tokens: int, seconds: float):
+  return {
+      "stage": kind,
+      "steps": int(steps),
+      "batch": int(batch),
+      "tokens": int(tokens),
+      "token_slots": int(steps) * int(batch) * int(tokens),
+      "seconds": float(seconds),
+  }
+
+
+def distill(sizes, run: pathlib.Path, log) -> dict[str, Any]:
+  """Writes RUN/distilled.jsonl; its generation cost (inference)."""
+  seconds = run_cli(["distill-data", *distill_args(sizes, run)], log)
+  num_prompts = sum(
+      1 for line in (run / "sft_train.jsonl").open() if line.strip()
+  )
+  batches = -(-num_prompts // sizes.eval_batch)
+  return compute(
+      "distill-data", batches, sizes.eval_batch, row_tokens(sizes), seconds
+  )
+
+
+def export(run: pathlib.Path, name: str, log) -> float:
+  """RUN/NAME -> RUN/NAME_hf (replaced), the next sft stage's model.path."""
+  shutil.rmtree(run / f"{name}_hf", ignore_errors=True)
+  return run_cli(["export", str(run / name), str(run / f"{name}_hf")], log)
+
+
+def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
+  """Runs one stage into a fresh RUN/NAME; its compute record."""
+  shutil.rmtree(run / stage.name, ignore_errors=True)
+  if stage.command == "sft":
+    seconds = run_cli(["sft", *sft_args(sizes, run, stage)], log)
+    steps = sizes.sft_steps if stage.parent is None else sizes.stage_steps
+    record = compute(
+        "sft" + ("+lora" if stage.lora else "")
+        + ("+kd" if stage.distilled else "")
+        + ("+certainty" if stage.certainty else ""),
+        steps, sizes.sft_batch, row_tokens(sizes), seconds,
+    )
+  elif stage.command == "opd":
+    seconds = run_cli(["opd", *opd_args(sizes, run, stage)], log)
+    record = compute(
+        "opd", sizes.opd_steps, sizes.opd_prompts,
+        1 + sizes.prompt_tokens + sizes.completion_tokens + 1, seconds,
+    )
+  else:
+    raise ValueError(f"unknown stage command {stage.command!r}")
+  return record
+
+
+def run_all(sizes, run: pathlib.Path, log, stages=STAGES) -> dict[str, Any]:
+  """Runs every stage once (parents first); the compute per model.
+
+  Returns:
+    name -> `{"stages": [records along its chain], "extra_token_slots":
+    training token slots beyond its first stage, "distill_token_slots":
+    the distillation data's generation, when its chain uses it}`.
+  """
+  records: dict[str, dict] = {}
+  exported: set[str] = set()
+  distilled = None
+  for stage in stages:
+    for step in chain(stage.name, stages):
+      if step.name in records:
+        continue
+      if step.distilled and distilled is None:
+        distilled = distill(sizes, run, log)
+      if step.command == "sft" and step.parent and step.parent not in exported:
+        export(run, step.parent, log)
+        exported.add(step.parent)
+      records[step.name] = run_stage(sizes, run, step, log)
+  out = {}
+  for stage in stages:
+    steps = [records[s.name] for s in chain(stage.name, stages)]
+    uses_kd = any(s.distilled for s in chain(stage.name, stages))
+    out[stage.name] = {
+        "stages": steps,
+        "extra_token_slots": sum(s["token_slots"] for s in steps[1:]),
+        "distill_token_slots": distilled["token_slots"] if uses_kd else 0,
+        "train_seconds": sum(s["seconds"] for s in steps),
+    }
+    if uses_kd:
+      out[stage.name]["distill"] = distilled
+  return out
