@@ -125,7 +125,7 @@ def diffusion_generate(
 def evaluate_converted(
     run_dir, tokenizer, rows, sizes, log, *, name, ar_generated=None
 ) -> dict:
-  """A converted run (sft output_dir, or rl/opd's) over thresholds and schedules.
+  """A converted run (an sft, rl or opd output_dir) over the schedules.
 
   Args:
     run_dir: The run directory (`rl_checkpoints.policy_dir` resolves an

@@ -184,7 +184,7 @@ def table(summary: dict) -> str:
 
 
 def figure_title(summary: dict) -> str:
-  """The figure's title, naming the corpus the run used (`summary["corpus"]`)."""
+  """The figure's title, naming the run's corpus (`summary["corpus"]`)."""
   corpus = (summary.get("corpus") or {}).get("name")
   where = f"{corpus} held-out modules" if corpus else "held-out modules"
   return f"{where}: converted vs AR"

@@ -5,7 +5,8 @@ Every stage is a `tunix-blockdiff` command line, run in this process through
 per stage), each starting from the previous stage's output:
 
     RUN/ar_base (AR HF dir) --sft convert_code.yaml--> RUN/sft
-    RUN/sft --export--> RUN/sft_hf --sft dataset.train=RUN/distilled.jsonl--> RUN/sft_kd
+    RUN/sft --export--> RUN/sft_hf
+    RUN/sft_hf --sft dataset.train=RUN/distilled.jsonl--> RUN/sft_kd
     RUN/sft_hf --sft ... diffusion.certainty_weight=C--> RUN/sft_kd_certainty
     RUN/sft --opd teacher.kind=hf teacher.path=RUN/ar_peer--> RUN/sft_opd
     RUN/sft_kd_certainty --opd ...--> RUN/sft_kd_certainty_opd (all three)
@@ -27,7 +28,9 @@ from typing import Any, Callable
 from tunix_blockdiff import cli
 
 RECIPE = (
-    pathlib.Path(__file__).resolve().parents[1] / "recipes" / "convert_code.yaml"
+    pathlib.Path(__file__).resolve().parents[1]
+    / "recipes"
+    / "convert_code.yaml"
 )
 DISTILLED = "distilled.jsonl"
 
@@ -60,14 +63,16 @@ STAGES = (
     Stage("sft", "sft"),
     Stage("sft_lora", "sft", lora=True),
     Stage("sft_kd", "sft", parent="sft", distilled=True),
-    Stage("sft_kd_certainty", "sft", parent="sft", distilled=True,
-          certainty=True),
+    Stage(
+        "sft_kd_certainty", "sft", parent="sft", distilled=True, certainty=True
+    ),
     Stage("sft_opd", "opd", parent="sft"),
     Stage("sft_kd_certainty_opd", "opd", parent="sft_kd_certainty"),
 )
 
 
 def by_name(stages=STAGES) -> dict[str, Stage]:
+  """Stage name -> stage."""
   return {s.name: s for s in stages}
 
 
@@ -161,6 +166,7 @@ def run_cli(argv: list[str], log: Callable[[str], None]) -> float:
 
 
 def compute(kind: str, steps: int, batch: int, tokens: int, seconds: float):
+  """A stage's compute record: steps x batch x tokens token slots."""
   return {
       "stage": kind,
       "steps": int(steps),
@@ -195,17 +201,20 @@ def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
   if stage.command == "sft":
     seconds = run_cli(["sft", *sft_args(sizes, run, stage)], log)
     steps = sizes.sft_steps if stage.parent is None else sizes.stage_steps
-    record = compute(
-        "sft" + ("+lora" if stage.lora else "")
-        + ("+kd" if stage.distilled else "")
-        + ("+certainty" if stage.certainty else ""),
-        steps, sizes.sft_batch, row_tokens(sizes), seconds,
+    label = "sft" + "".join(
+        suffix
+        for suffix, on in (
+            ("+lora", stage.lora),
+            ("+kd", stage.distilled),
+            ("+certainty", stage.certainty),
+        )
+        if on
     )
+    record = compute(label, steps, sizes.sft_batch, row_tokens(sizes), seconds)
   elif stage.command == "opd":
     seconds = run_cli(["opd", *opd_args(sizes, run, stage)], log)
     record = compute(
-        "opd", sizes.opd_steps, sizes.opd_prompts,
-        1 + sizes.prompt_tokens + sizes.completion_tokens + 1, seconds,
+        "opd", sizes.opd_steps, sizes.opd_prompts, row_tokens(sizes), seconds
     )
   else:
     raise ValueError(f"unknown stage command {stage.command!r}")

@@ -320,7 +320,13 @@ def main(argv=None) -> int:
   )
   results = {
       "ar_peer": _convert_eval.ar_peer(
-          peer_cfg, tokenizer, hf_tok, rows, sizes, log, save_dir=out / "ar_peer"
+          peer_cfg,
+          tokenizer,
+          hf_tok,
+          rows,
+          sizes,
+          log,
+          save_dir=out / "ar_peer",
       )
   }
   ar_generated = results["ar_peer"].pop("generated")
