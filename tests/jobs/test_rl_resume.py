@@ -137,7 +137,7 @@ def _kill_after_step_2(run, out: pathlib.Path, reward_dir: pathlib.Path):
 
 
 def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
-    untrained_policy, reward_module, tmp_path
+    untrained_policy, reward_module, tmp_path, capsys
 ):
   run = [*RUN, f"init.checkpoint={untrained_policy}"]
   assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
@@ -145,7 +145,11 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
   _kill_after_step_2(run, killed, reward_module)
   assert rl_checkpoints.latest_step(killed) == 2
   assert not (killed / "summary.json").exists()
+  capsys.readouterr()
   assert cli.main([*run, f"output_dir={killed}"]) == 0
+  log = capsys.readouterr().err  # Progress lines, as sft prints them.
+  assert "resuming from the checkpoint of step 2" in log
+  assert "step 4/4" in log and "step 2/4" not in log
 
   one, two = _summary(tmp_path / "one"), _summary(killed)
   assert two["train_step_rewards"] == pytest.approx(

@@ -38,6 +38,7 @@ from tunix_blockdiff.jobs.evaluation import evaluate_generation
 from tunix_blockdiff.jobs.outputs import _jsonable
 from tunix_blockdiff.jobs.outputs import plot_training_figure
 from tunix_blockdiff.jobs.outputs import prepare_output_dir
+from tunix_blockdiff.jobs.outputs import show_progress
 from tunix_blockdiff.jobs.outputs import RECIPE_FILE
 from tunix_blockdiff.jobs.outputs import Stopwatch
 from tunix_blockdiff.jobs.outputs import SUMMARY_FILE
@@ -383,6 +384,7 @@ __all__ = [
     "shard_model",
     "plot_training_figure",
     "prepare_output_dir",
+    "show_progress",
     "recipe_path",
     "split_argv",
     "to_dict",

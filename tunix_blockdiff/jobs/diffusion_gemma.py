@@ -18,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-import sys
 from typing import Any, Sequence
 
 from flax import nnx
@@ -32,6 +31,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.data import diffusion_gemma as dg_data
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
@@ -237,14 +237,8 @@ def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
       pbar_description="DiffusionGemma SFT")
   trainer = trainer_lib.DiffusionGemmaTrainer(
       model, common.make_optimizer(cfg.training), training_config, objective)
-  if not sys.stderr.isatty():
-    trainer.with_training_hooks(sft_lib.ProgressLines(
-        int(cfg.training.eval_every_n_steps) // 2 or 1,
-        int(cfg.training.max_steps)))
-  start_step = trainer.train_steps
-  if start_step:
-    print(f"resuming from the checkpoint of step {start_step} in {out}",
-          file=sys.stderr)
+  outputs.show_progress(trainer, int(cfg.training.eval_every_n_steps) // 2 or 1,
+                        int(cfg.training.max_steps), out)
   trainer.train(train_ds, eval_ds)
   train_seconds = clock()
   summary = {

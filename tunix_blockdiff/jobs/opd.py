@@ -285,6 +285,7 @@ def run(cfg) -> dict[str, Any]:
     }
 
   rl_checkpoints.track_state(trainer, out, every, job_state)
+  common.show_progress(trainer, max(1, steps // 10), steps, out)
   if resume:  # The evaluation before training, and the rollout RNG.
     start = resume[0]["eval"]
     cluster.rollout.calls = int(resume[1]["rollout_calls"])

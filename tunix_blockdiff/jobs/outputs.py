@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import math
 import pathlib
+import sys
 import time
 from typing import Any, Mapping, Sequence
 
 import jax
 import numpy as np
 import omegaconf
+from tunix.sft import hooks
 
 from tunix_blockdiff import distributed
 
@@ -69,6 +71,65 @@ class Stopwatch:
 
 
 # Figures.
+
+
+class ProgressLines(hooks.TrainingHooks):
+  """Prints a progress line every `every` steps.
+
+  Tunix's tqdm bar only draws on a terminal; in logs and CI this keeps the
+  progress visible.
+  """
+
+  def __init__(self, every: int, max_steps: int):
+    self.every, self.max_steps = max(1, every), max_steps
+    self._clock = Stopwatch()
+
+  def on_train_step_end(self, train_ctx, train_step, train_loss):
+    if train_step % self.every == 0 or train_step == self.max_steps:
+      print(
+          f"step {train_step}/{self.max_steps}  loss {float(train_loss):.4f}"
+          f"  {self._clock():.0f}s",
+          file=sys.stderr,
+          flush=True,
+      )
+
+  def on_train_start(self, train_ctx):
+    pass
+
+  def on_train_end(self, train_ctx):
+    pass
+
+  def on_train_step_start(self, train_ctx):
+    pass
+
+  def on_eval_step_start(self, train_ctx):
+    pass
+
+  def on_eval_step_end(self, train_ctx, eval_loss):
+    pass
+
+
+def show_progress(trainer, every: int, max_steps: int, out) -> None:
+  """Progress lines in logs, and a note when a job resumes (process 0).
+
+  Tunix's tqdm bar draws on a terminal; elsewhere (logs, CI) `trainer` gets
+  a `ProgressLines` hook. A trainer that restored a checkpoint says so.
+
+  Args:
+    trainer: A Tunix trainer (sft, or an rl/opd cluster's actor trainer).
+    every: Steps between progress lines.
+    max_steps: The run's optimizer steps.
+    out: The job's output_dir (named in the resume note).
+  """
+  if not distributed.is_main_process():
+    return
+  if not sys.stderr.isatty():
+    trainer.with_training_hooks(ProgressLines(every, max_steps))
+  if trainer.train_steps:
+    print(
+        f"resuming from the checkpoint of step {trainer.train_steps} in {out}",
+        file=sys.stderr,
+    )
 
 
 def plot_training_figure(
@@ -138,9 +199,11 @@ def plot_training_figure(
 
 __all__ = [
     "RECIPE_FILE",
+    "ProgressLines",
     "SUMMARY_FILE",
     "Stopwatch",
     "plot_training_figure",
     "prepare_output_dir",
+    "show_progress",
     "write_summary",
 ]

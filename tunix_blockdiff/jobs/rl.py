@@ -205,6 +205,8 @@ def run(cfg) -> dict[str, Any]:
     }
 
   rl_checkpoints.track_state(cluster.actor_trainer, out, every, job_state)
+  total = steps * int(grpo_cfg.num_iterations)
+  common.show_progress(cluster.actor_trainer, max(1, total // 10), total, out)
 
   def evaluate():
     greedy = []

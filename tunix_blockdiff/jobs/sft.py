@@ -23,7 +23,6 @@ from flax import nnx
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from tunix.sft import hooks
 from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff.models import checkpoints
@@ -34,6 +33,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 
 FIGURE_FILE = "sft.png"
@@ -75,40 +75,7 @@ def make_training_config(
   )
 
 
-class ProgressLines(hooks.TrainingHooks):
-  """Prints a progress line every `every` steps.
-
-  Tunix's tqdm bar only draws on a terminal; in logs and CI this keeps the
-  progress visible.
-  """
-
-  def __init__(self, every: int, max_steps: int):
-    self.every, self.max_steps = max(1, every), max_steps
-    self._clock = common.Stopwatch()
-
-  def on_train_step_end(self, train_ctx, train_step, train_loss):
-    if train_step % self.every == 0 or train_step == self.max_steps:
-      print(
-          f"step {train_step}/{self.max_steps}  loss {float(train_loss):.4f}"
-          f"  {self._clock():.0f}s",
-          file=sys.stderr,
-          flush=True,
-      )
-
-  def on_train_start(self, train_ctx):
-    pass
-
-  def on_train_end(self, train_ctx):
-    pass
-
-  def on_train_step_start(self, train_ctx):
-    pass
-
-  def on_eval_step_start(self, train_ctx):
-    pass
-
-  def on_eval_step_end(self, train_ctx, eval_loss):
-    pass
+ProgressLines = outputs.ProgressLines
 
 
 def num_params(model, kind=nnx.Param) -> int:
@@ -243,19 +210,13 @@ def _run(cfg, mesh) -> dict[str, Any]:
       make_training_config(cfg, out),
       diffusion,
   )
-  if not sys.stderr.isatty() and distributed.is_main_process():
-    trainer.with_training_hooks(
-        ProgressLines(
-            int(cfg.training.eval_every_n_steps) // 2 or 1,
-            int(cfg.training.max_steps),
-        )
-    )
+  outputs.show_progress(
+      trainer,
+      int(cfg.training.eval_every_n_steps) // 2 or 1,
+      int(cfg.training.max_steps),
+      out,
+  )
   start_step = trainer.train_steps
-  if start_step:
-    print(
-        f"resuming from the checkpoint of step {start_step} in {out}",
-        file=sys.stderr,
-    )
   trainer.train(train_ds, eval_ds)
   train_seconds = clock()
 
