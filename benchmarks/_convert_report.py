@@ -197,7 +197,7 @@ def plot(path, summary: dict) -> None:
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt  # pylint: disable=g-import-not-at-top
 
-  fig, ax = plt.subplots(figsize=(6.8, 4.4))
+  fig, ax = plt.subplots(figsize=(8.6, 4.4))
   all_rows = summary["rows"]
   ar = next(r for r in all_rows if r["model"] == AR_PEER)
   names = list(dict.fromkeys(r["model"] for r in all_rows if r is not ar))
@@ -240,7 +240,7 @@ def plot(path, summary: dict) -> None:
   ax.set_ylabel("edit similarity, first 64 tokens")
   ax.set_title(figure_title(summary), fontsize=10)
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=6)
+  ax.legend(fontsize=6, loc="center left", bbox_to_anchor=(1.01, 0.5))
   fig.tight_layout()
   fig.savefig(path, dpi=90)
   plt.close(fig)
