@@ -1,4 +1,4 @@
-"""`tunix-blockdiff rl` on a DiffusionGemma sft run: two GRPO steps, end to end."""
+"""`tunix-blockdiff rl` on a DiffusionGemma sft run: 2 GRPO steps end to end."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""GRPO on DiffusionGemma rollouts: the dg_grpo loss, its learner, a real run."""
+"""GRPO on DiffusionGemma rollouts: dg_grpo, its learner, a real run."""
 
 import functools
 

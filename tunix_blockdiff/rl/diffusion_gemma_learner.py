@@ -1,4 +1,4 @@
-"""`DiffusionGemmaGRPOLearner`: Tunix's `GRPOLearner` on DiffusionGemma rollouts.
+"""`DiffusionGemmaGRPOLearner`: Tunix's `GRPOLearner` on DiffusionGemma.
 
 Used like `BlockDiffusionGRPOLearner`:
 
