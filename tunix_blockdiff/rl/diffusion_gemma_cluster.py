@@ -98,12 +98,12 @@ class DiffusionGemmaRLCluster(cluster_lib.BlockDiffusionRLCluster):
       return out
 
   def get_ref_per_token_logps(self, *args, **kwargs):
-    raise NotImplementedError(
+    raise TypeError(
         "DiffusionGemma log-probs are sequence-level: use"
         " get_ref_sequence_logps(prompt_tokens, prompt_mask, trace)")
 
   def get_old_per_token_logps(self, *args, **kwargs):
-    raise NotImplementedError(
+    raise TypeError(
         "DiffusionGemma log-probs are sequence-level: use"
         " get_old_sequence_logps(prompt_tokens, prompt_mask, trace)")
 

@@ -43,6 +43,7 @@ from tunix.rl.rollout import base_rollout
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
 from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
+from tunix_blockdiff.rollout import call_rng
 from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
 from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
 from tunix_blockdiff.rollout import prompts as prompts_lib
@@ -54,7 +55,9 @@ DiffusionGemmaTrace = output_lib.DiffusionGemmaTrace
 concat_outputs = output_lib.concat_outputs
 
 
-class DiffusionGemmaRollout(base_rollout.BaseRollout):
+class DiffusionGemmaRollout(
+    call_rng.CallCounterRNG, base_rollout.BaseRollout
+):
   """Tunix rollout engine sampling a `DiffusionGemma` (see module docstring).
 
   Attributes:
@@ -116,8 +119,7 @@ class DiffusionGemmaRollout(base_rollout.BaseRollout):
         pad_token_id=int(tokenizer.pad_id()))
     self._max_tokens = sampling.optional_positive_int(
         "max_tokens_to_generate", max_tokens_to_generate)
-    self._base_key = jax.random.key(seed)
-    self._calls = 0
+    self._init_rng(seed)
     self._recorders: list[list[DiffusionGemmaRolloutOutput]] = []
     self._train_rollout_config = rollout_config
     self._sampler = dg_rollout.DiffusionGemmaSampler(
@@ -126,31 +128,6 @@ class DiffusionGemmaRollout(base_rollout.BaseRollout):
     self._scorers: dict[int, tuple[nnx.Module, scoring.SequenceScorer]] = {}
 
   # -- generation -------------------------------------------------------------
-
-  @property
-  def calls(self) -> int:
-    """`generate` calls so far (the rollout RNG's whole state)."""
-    return self._calls
-
-  @calls.setter
-  def calls(self, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise TypeError(f"calls must be an int, got {type(value).__name__}")
-    if value < 0:
-      raise ValueError(f"calls must be >= 0, got {value}")
-    self._calls = int(value)
-
-  def _next_key(self, rollout_config: base_rollout.RolloutConfig) -> jax.Array:
-    seed = rollout_config.seed
-    if seed is None:
-      base = self._base_key
-    elif isinstance(seed, (int, np.integer)):
-      base = jax.random.key(int(seed))
-    else:
-      base = seed
-    key = jax.random.fold_in(base, self._calls)
-    self._calls += 1
-    return key
 
   def max_new_tokens(self, rollout_config: base_rollout.RolloutConfig) -> int:
     return self._max_tokens or int(rollout_config.max_tokens_to_generate)

@@ -40,6 +40,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rollout import cached
+from tunix_blockdiff.rollout import call_rng
 from tunix_blockdiff.rollout import output as output_lib
 from tunix_blockdiff.rollout import prompts as prompts_lib
 from tunix_blockdiff.rollout import sampling
@@ -54,7 +55,9 @@ concat_outputs = output_lib.concat_outputs
 prompt_mask_from_tokens = prompts_lib.prompt_mask_from_tokens
 
 
-class BlockDiffusionRollout(base_rollout.BaseRollout):
+class BlockDiffusionRollout(
+    call_rng.CallCounterRNG, base_rollout.BaseRollout
+):
   """Tunix rollout engine that samples with block diffusion.
 
   Constructed by `RLCluster` as
@@ -139,8 +142,7 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
         "max_tokens_to_generate", max_tokens_to_generate
     )
     self._use_cache = bool(use_cache)
-    self._base_key = jax.random.key(seed)
-    self._calls = 0
+    self._init_rng(seed)
     self._recorders: list[list[BlockDiffusionRolloutOutput]] = []
     self._train_rollout_config = rollout_config
 
@@ -192,36 +194,6 @@ class BlockDiffusionRollout(base_rollout.BaseRollout):
           self.truncated_prompts,
       )
     return encoded.tokens, encoded.lengths
-
-  @property
-  def calls(self) -> int:
-    """`generate` calls so far: call i samples with `fold_in(seed key, i)`.
-
-    The rollout RNG's whole state; the rl and opd jobs save it with each
-    checkpoint and set it back on resume, so a resumed run draws the noise
-    an uninterrupted one would.
-    """
-    return self._calls
-
-  @calls.setter
-  def calls(self, value: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-      raise TypeError(f"calls must be an int, got {type(value).__name__}")
-    if value < 0:
-      raise ValueError(f"calls must be >= 0, got {value}")
-    self._calls = int(value)
-
-  def _next_key(self, rollout_config: base_rollout.RolloutConfig) -> jax.Array:
-    seed = rollout_config.seed
-    if seed is None:
-      base = self._base_key
-    elif isinstance(seed, (int, np.integer)):
-      base = jax.random.key(int(seed))
-    else:
-      base = seed
-    key = jax.random.fold_in(base, self._calls)
-    self._calls += 1
-    return key
 
   def generate(
       self,
