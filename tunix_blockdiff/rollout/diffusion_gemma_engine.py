@@ -28,14 +28,12 @@ the given parameters (the rollout's own: the sampler's log-probs).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any
 
 from absl import logging
 from flax import nnx
 import jax
-import jaxtyping
 import numpy as np
 from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
@@ -43,12 +41,11 @@ from tunix.rl.rollout import base_rollout
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
 from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
-from tunix_blockdiff.rollout import call_rng
 from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
 from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+from tunix_blockdiff.rollout import engine_common
 from tunix_blockdiff.rollout import prompts as prompts_lib
 from tunix_blockdiff.rollout import sampling
-from tunix_blockdiff.rollout import weights
 
 DiffusionGemmaRolloutOutput = output_lib.DiffusionGemmaRolloutOutput
 DiffusionGemmaTrace = output_lib.DiffusionGemmaTrace
@@ -56,7 +53,7 @@ concat_outputs = output_lib.concat_outputs
 
 
 class DiffusionGemmaRollout(
-    call_rng.CallCounterRNG, base_rollout.BaseRollout
+    engine_common.RolloutEngineMixin, base_rollout.BaseRollout
 ):
   """Tunix rollout engine sampling a `DiffusionGemma` (see module docstring).
 
@@ -119,8 +116,7 @@ class DiffusionGemmaRollout(
         pad_token_id=int(tokenizer.pad_id()))
     self._max_tokens = sampling.optional_positive_int(
         "max_tokens_to_generate", max_tokens_to_generate)
-    self._init_rng(seed)
-    self._recorders: list[list[DiffusionGemmaRolloutOutput]] = []
+    self._init_engine(seed)
     self._train_rollout_config = rollout_config
     self._sampler = dg_rollout.DiffusionGemmaSampler(
         rollout_actor, self.sampler_config, record_trace=True)
@@ -183,19 +179,7 @@ class DiffusionGemmaRollout(
         prompt_lengths=encoded.lengths,
         sampler_config=self.sampler_config,
     )
-    for recorder in self._recorders:
-      recorder.append(output)
-    return output
-
-  @contextlib.contextmanager
-  def record_outputs(self) -> Iterator[list[DiffusionGemmaRolloutOutput]]:
-    """Collects every `generate` output made inside the context."""
-    records: list[DiffusionGemmaRolloutOutput] = []
-    self._recorders.append(records)
-    try:
-      yield records
-    finally:
-      self._recorders[:] = [r for r in self._recorders if r is not records]
+    return self._record(output)
 
   # -- scoring ----------------------------------------------------------------
 
@@ -246,23 +230,9 @@ class DiffusionGemmaRollout(
 
   # -- BaseRollout interface --------------------------------------------------
 
-  def update_params(self, params: jaxtyping.PyTree,
-                    filter_types: Optional[Tuple[Any, ...]] = None) -> None:
-    """Loads new parameters into the rollout model (in place)."""
-    weights.update_params(self._model, params, filter_types)
-
-  def pad_id(self) -> int:
-    return int(self._tokenizer.pad_id())
-
   def eos_id(self) -> int:
     return int(self.sampler_config.eos_token_id)
 
-  def model(self) -> nnx.Module:
-    return self._model
-
-  @property
-  def tokenizer(self) -> tokenizer_adapter.TokenizerAdapter:
-    return self._tokenizer
 
 
 __all__ = ["DiffusionGemmaRollout", "DiffusionGemmaRolloutOutput",

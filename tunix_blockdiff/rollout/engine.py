@@ -25,13 +25,11 @@ from it.
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any
 
 from absl import logging
 from flax import nnx
 import jax
-import jaxtyping
 import numpy as np
 from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
@@ -40,11 +38,10 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.rollout import cached
-from tunix_blockdiff.rollout import call_rng
+from tunix_blockdiff.rollout import engine_common
 from tunix_blockdiff.rollout import output as output_lib
 from tunix_blockdiff.rollout import prompts as prompts_lib
 from tunix_blockdiff.rollout import sampling
-from tunix_blockdiff.rollout import weights
 
 # The engine's concepts live in their own modules: the output type
 # (`output.py`), prompt tokenisation (`prompts.py`), RolloutConfig ->
@@ -56,7 +53,7 @@ prompt_mask_from_tokens = prompts_lib.prompt_mask_from_tokens
 
 
 class BlockDiffusionRollout(
-    call_rng.CallCounterRNG, base_rollout.BaseRollout
+    engine_common.RolloutEngineMixin, base_rollout.BaseRollout
 ):
   """Tunix rollout engine that samples with block diffusion.
 
@@ -142,8 +139,7 @@ class BlockDiffusionRollout(
         "max_tokens_to_generate", max_tokens_to_generate
     )
     self._use_cache = bool(use_cache)
-    self._init_rng(seed)
-    self._recorders: list[list[BlockDiffusionRolloutOutput]] = []
+    self._init_engine(seed)
     self._train_rollout_config = rollout_config
 
   # ---------------------------------------------------------------------------
@@ -259,25 +255,7 @@ class BlockDiffusionRollout(
         trace_logprobs=np.asarray(result.trace_logprobs),
         denoise_config=config,
     )
-    for recorder in self._recorders:
-      recorder.append(output)
-    return output
-
-  @contextlib.contextmanager
-  def record_outputs(self) -> Iterator[list[BlockDiffusionRolloutOutput]]:
-    """Collects every `generate` output made inside the context.
-
-    `RLCluster.generate` merges micro-batch outputs into a plain
-    `RolloutOutput`, dropping the trace; `BlockDiffusionRLCluster` records
-    them here to keep it.
-    """
-    records: list[BlockDiffusionRolloutOutput] = []
-    self._recorders.append(records)
-    try:
-      yield records
-    finally:
-      # By identity: nested recorders can hold equal lists.
-      self._recorders[:] = [r for r in self._recorders if r is not records]
+    return self._record(output)
 
   # ---------------------------------------------------------------------------
   # BaseRollout interface.
@@ -353,30 +331,6 @@ class BlockDiffusionRollout(
         np.asarray(commit_step),
     )
 
-  def update_params(
-      self,
-      params: jaxtyping.PyTree,
-      filter_types: Optional[Tuple[Any, ...]] = None,
-  ) -> None:
-    """Loads new parameters into the rollout model (in place).
-
-    Args:
-      params: An `nnx.State` (or subset) of the actor's parameters.
-      filter_types: The variable types `params` holds; when given, `params`
-        is resharded onto the rollout model's shardings and cast to its
-        dtypes first.
-    """
-    weights.update_params(self._model, params, filter_types)
-
-  def pad_id(self) -> int:
-    return int(self._tokenizer.pad_id())
-
   def eos_id(self) -> int:
     return int(self.score_config.eos_token_id)
 
-  def model(self) -> nnx.Module:
-    return self._model
-
-  @property
-  def tokenizer(self) -> tokenizer_adapter.TokenizerAdapter:
-    return self._tokenizer
