@@ -26,6 +26,7 @@ from hf_tokenizer import write_tiny_hf_tokenizer  # pylint: disable=g-import-not
 
 SMALL = [
     "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
+    "model.layer_types=[sliding_attention,full_attention]",
     "model.intermediate_size=48", "model.head_dim=8", "model.global_head_dim=8",
     "model.moe_intermediate_size=16", "data.batch_size=8", "eval.batch_size=8",
     "sampler.max_denoising_steps=4", "training.warmup_steps=1",
@@ -152,26 +153,14 @@ def test_tpu_recipe_loads_through_its_real_path_on_a_tiny_checkpoint(tmp_path):
   assert any("q_proj" in p for p in paths) and any("mlp.down_proj" in p for p in paths)
 
 
-_MESH_SCRIPT = """
-import json, sys
-from tunix_blockdiff import cli
-cli.main(sys.argv[1:])
-"""
-
-
 def test_sft_on_an_fsdp_tp_mesh_matches_one_device(tmp_path):
-  import os  # pylint: disable=g-import-not-at-top
-
   run = ["sft", "diffusion_gemma_tiny.yaml", *SMALL, "training.max_steps=3",
          "task.num_eval=2", "eval.batch_size=2",
          "sampler.max_denoising_steps=2",
          "training.checkpoint_every_n_steps=3"]
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
+  # In this process (8 devices): no mesh, then a 2 x 2 mesh over 4 of them.
   for name, extra in (("one", []), ("mesh", ["mesh.fsdp=2", "mesh.tp=2"])):
-    subprocess.run([sys.executable, "-c", _MESH_SCRIPT, *run, *extra,
-                    f"output_dir={tmp_path / name}"], env=env, check=True,
-                   capture_output=True)
+    assert cli.main([*run, *extra, f"output_dir={tmp_path / name}"]) == 0
   one = json.loads((tmp_path / "one/summary.json").read_text())
   mesh = json.loads((tmp_path / "mesh/summary.json").read_text())
   assert mesh["recipe"]["mesh"] == {"fsdp": 2, "tp": 2}

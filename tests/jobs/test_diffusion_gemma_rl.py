@@ -16,6 +16,7 @@ from tunix_blockdiff.jobs import diffusion_gemma_rl
 
 SMALL = [
     "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
+    "model.layer_types=[sliding_attention,full_attention]",
     "model.intermediate_size=48", "model.head_dim=8", "model.global_head_dim=8",
     "model.moe_intermediate_size=16", "data.batch_size=8", "eval.batch_size=8",
     "sampler.max_denoising_steps=4", "training.warmup_steps=1",

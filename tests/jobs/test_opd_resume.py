@@ -90,7 +90,6 @@ def _kill_after_step_2(run, out: pathlib.Path, tmp_path: pathlib.Path):
       ),
       JAX_PLATFORMS="cpu",
   )
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   code = (
       "import sys, bd_blocker; from tunix_blockdiff import cli;"
       " sys.exit(cli.main(sys.argv[1:]))"

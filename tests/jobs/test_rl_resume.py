@@ -116,7 +116,6 @@ def _kill_after_step_2(run, out: pathlib.Path, reward_dir: pathlib.Path):
       BD_BLOCK_DIR=str(out / "checkpoints"),
       JAX_PLATFORMS="cpu",
   )
-  env.pop("JAX_COMPILATION_CACHE_DIR", None)
   process = subprocess.Popen(
       [sys.executable, "-m", "tunix_blockdiff.cli", *run, f"output_dir={out}"],
       env=env,
