@@ -60,8 +60,12 @@ hypothesis.settings.register_profile(
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import pathlib  # noqa: E402
+import sys  # noqa: E402
 
 import pytest  # noqa: E402
+
+# Helper modules beside this file (`kill_resume`, ...) import by name.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 # The student/policy of the rl and opd job tests: a one-layer Qwen3.
 TINY_POLICY_MODEL = {

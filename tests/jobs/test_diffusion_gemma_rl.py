@@ -1,9 +1,13 @@
-"""`tunix-blockdiff rl` on a DiffusionGemma sft run: 2 GRPO steps end to end."""
+"""`tunix-blockdiff rl` on a DiffusionGemma sft run: 2 GRPO steps end to end.
+
+Also killed after its step-1 checkpoint (`kill_resume`) and relaunched.
+"""
 
 import json
 
 from flax import nnx
 import jax
+import kill_resume
 import numpy as np
 import omegaconf
 import pytest
@@ -13,6 +17,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
 from tunix_blockdiff.jobs import diffusion_gemma_rl
+from tunix_blockdiff.jobs import rl_checkpoints
 
 SMALL = [
     "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
@@ -36,16 +41,19 @@ def _params(run_dir):
   return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
 
 
-def test_rl_takes_a_diffusion_gemma_sft_run(tmp_path, capsys):
+def test_rl_takes_a_diffusion_gemma_sft_run_and_resumes_exactly(
+    tmp_path, capsys
+):
   sft = tmp_path / "sft"
   cli.main(["sft", "diffusion_gemma_tiny.yaml", *SMALL, f"output_dir={sft}"])
   assert diffusion_gemma_rl.is_policy(
       omegaconf.OmegaConf.create({"checkpoint": str(sft)}))
   assert not diffusion_gemma_rl.is_policy(
       omegaconf.OmegaConf.create({"checkpoint": None}))
+  run = ["rl", f"init.checkpoint={sft}", *RL,
+         "grpo.checkpoint_every_n_steps=1"]
   out = tmp_path / "rl"
-  assert cli.main(["rl", f"init.checkpoint={sft}", f"output_dir={out}",
-                   *RL]) == 0
+  assert cli.main([*run, f"output_dir={out}"]) == 0
   summary = json.loads((out / "summary.json").read_text())
   assert summary["policy_family"] == "diffusion_gemma"
   assert summary["optimizer_steps"] == 2 and summary["rollouts"] == 8
@@ -60,6 +68,20 @@ def test_rl_takes_a_diffusion_gemma_sft_run(tmp_path, capsys):
   step_after, after = _params(out / "policy")
   assert step_before == 2 and step_after == 2
   assert any(not np.allclose(a, b) for a, b in zip(before, after))
+  # Killed after the step-1 checkpoint and relaunched: the uninterrupted
+  # run's summary (rewards, ratios, held-out reward) and policy.
+  killed = tmp_path / "killed"
+  kill_resume.kill_after_checkpoint(run, killed, 1, tmp_path)
+  assert rl_checkpoints.latest_step(killed) == 1
+  assert not (killed / "summary.json").exists()
+  capsys.readouterr()
+  assert cli.main([*run, f"output_dir={killed}"]) == 0
+  assert "resuming from the checkpoint of step 1" in capsys.readouterr().err
+  kill_resume.assert_same_summary(kill_resume.summary(killed),
+                                  kill_resume.summary(out))
+  _, resumed = _params(killed / "policy")
+  for got, want in zip(resumed, after, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   capsys.readouterr()
   cli.main(["generate", str(out / "policy"), "color=false",
             "prompts=[rev 123456]", "max_new_tokens=8"])
@@ -68,11 +90,6 @@ def test_rl_takes_a_diffusion_gemma_sft_run(tmp_path, capsys):
 
 def test_unsupported_keys_are_one_line_usage_errors(tmp_path):
   cfg = omegaconf.OmegaConf.create({
-      "distributed": None, "reward": None,
-      "grpo": {"checkpoint_every_n_steps": 5}})
-  with pytest.raises(errors.UsageError, match="checkpoint_every_n_steps"):
-    diffusion_gemma_rl._check(cfg)  # pylint: disable=protected-access
-  cfg.grpo.checkpoint_every_n_steps = None
-  cfg.distributed = {"num_processes": 2}
+      "distributed": {"num_processes": 2}, "reward": None, "grpo": {}})
   with pytest.raises(errors.UsageError, match="one process"):
     diffusion_gemma_rl._check(cfg)  # pylint: disable=protected-access

@@ -11,7 +11,6 @@ gloo forever: every program a job runs over the mesh must be one jitted
 program issued in the same order on every process.)
 """
 
-import json
 import os
 import pathlib
 import signal
@@ -20,6 +19,7 @@ import sys
 import time
 
 import jax
+import kill_resume
 import pytest
 
 from tunix_blockdiff import cli
@@ -85,8 +85,6 @@ OPD = [
     "opd.micro_batch_prompts=1",
     "opd.divergence=jsd",
 ]
-# Wall-clock figures; everything else in the summaries must agree.
-TIMES = ("seconds", "rl_seconds", "opd_seconds", "teacher_seconds")
 
 
 @pytest.fixture(name="policy")
@@ -100,24 +98,6 @@ def reward_module(tmp_path, monkeypatch):
   (tmp_path / "bd_many_processes_reward.py").write_text(REWARD)
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for launched processes
-
-
-def _summary(directory) -> dict:
-  summary = json.loads((directory / "summary.json").read_text())
-  for key in (*TIMES, "warm_start_seconds", "recipe"):
-    summary.pop(key, None)
-  return summary
-
-
-def _assert_same(got, want, rtol=1e-5):
-  assert got.keys() == want.keys()
-  for key, value in want.items():
-    if isinstance(value, float):
-      assert got[key] == pytest.approx(value, rel=rtol, abs=1e-7), key
-    elif isinstance(value, list) and value and isinstance(value[0], float):
-      assert got[key] == pytest.approx(value, rel=rtol, abs=1e-7), key
-    else:
-      assert got[key] == value, key
 
 
 @pytest.mark.parametrize(
@@ -141,8 +121,9 @@ def test_two_processes_equal_one(
   )
   log = capsys.readouterr().out
   assert code == 0, log[-3000:]
-  one, two = _summary(tmp_path / "one"), _summary(tmp_path / "two")
-  _assert_same(two, one)
+  one = kill_resume.summary(tmp_path / "one")
+  two = kill_resume.summary(tmp_path / "two")
+  kill_resume.assert_same_summary(two, one)
   # The same greedy completions (tokens), and training moved the policy.
   assert len(one["greedy_samples_end"]) == 6
   assert one["optimizer_steps"] == 2

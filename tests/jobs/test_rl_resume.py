@@ -1,45 +1,24 @@
 """rl checkpoints: SIGKILL after a checkpoint, relaunch, same end as one run.
 
-The killed run is a `tunix-blockdiff rl` process whose reward function
-blocks once the rollouts after step 2 begin (and the checkpoint of step 2
-is committed); it is killed there and the same command is run again on the
-same output_dir. Its final policy and summary must equal an uninterrupted
-run's. A resume that redid a step, restarted the prompts or redrew the
-rollout noise would give other training rewards and other parameters.
+The killed run is a `tunix-blockdiff rl` process whose checkpoint manager
+blocks once the checkpoint of step 2 is committed (`kill_resume.BLOCKER`);
+it is killed there and the same command is run again on the same
+output_dir. Its final policy and summary must equal an uninterrupted run's.
+A resume that redid a step, restarted the prompts or redrew the rollout
+noise would give other training rewards and other parameters.
 """
 
-import json
-import os
-import pathlib
-import signal
-import subprocess
-import sys
-import time
-
-import numpy as np
+import kill_resume
 import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 
-# Rewards that differ between rollouts; with BD_BLOCK_AFTER=N set, the call
-# after N completions waits for BD_BLOCK_DIR to hold the step-2 checkpoint
-# and its job state, then blocks forever (the test kills the process).
+# Rewards that differ between rollouts (an untrained policy's exact match is
+# 0 everywhere, which would give GRPO no gradient to compare).
 REWARD = """
-import os, pathlib, time
-SEEN = [0]
-
 def distinct(prompts, completions, **kwargs):
-  after = os.environ.get("BD_BLOCK_AFTER")
-  if after and SEEN[0] >= int(after):
-    root = pathlib.Path(os.environ["BD_BLOCK_DIR"])
-    while not ((root / "actor" / "2").is_dir()
-               and (root / "job_state" / "2.json").is_file()):
-      time.sleep(0.1)
-    (root / "BLOCKED").write_text("")
-    time.sleep(3600)
-  SEEN[0] += len(completions)
   return [len(set(c)) / 4.0 for c in completions]
 """
 RUN = [
@@ -76,10 +55,6 @@ OPD = [
     "rollout.max_tokens_to_generate=4",
     "rollout.max_prompt_length=10",
 ]
-# Completions rewarded before step 3's rollouts: the sampled and greedy
-# held-out evaluations (4 + 4) and two steps of 2 x 4 rollouts.
-BEFORE_STEP_3 = 8 + 2 * 8
-TIMES = ("seconds", "rl_seconds", "warm_start_seconds")
 
 
 @pytest.fixture
@@ -91,48 +66,8 @@ def reward_module(tmp_path, monkeypatch):
   return directory
 
 
-def _summary(directory: pathlib.Path) -> dict:
-  summary = json.loads((directory / "summary.json").read_text())
-  for key in (*TIMES, "recipe"):
-    summary.pop(key)
-  return summary
-
-
-def _params(directory: pathlib.Path) -> dict:
-  from flax import nnx  # pylint: disable=g-import-not-at-top
-
-  model, _ = rl_common.load_sft_policy(directory)
-  return {
-      str(path): np.asarray(value)
-      for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param))
-  }
-
-
-def _kill_after_step_2(run, out: pathlib.Path, reward_dir: pathlib.Path):
-  env = dict(
-      os.environ,
-      PYTHONPATH=os.pathsep.join([str(reward_dir), os.environ.get("PYTHONPATH", "")]),
-      BD_BLOCK_AFTER=str(BEFORE_STEP_3),
-      BD_BLOCK_DIR=str(out / "checkpoints"),
-      JAX_PLATFORMS="cpu",
-  )
-  process = subprocess.Popen(
-      [sys.executable, "-m", "tunix_blockdiff.cli", *run, f"output_dir={out}"],
-      env=env,
-      stdout=subprocess.DEVNULL,
-      stderr=subprocess.PIPE,
-  )
-  deadline = time.time() + 600
-  while not (out / "checkpoints" / "BLOCKED").is_file():
-    if process.poll() is not None:
-      pytest.fail(f"rl exited early: {process.stderr.read().decode()[-3000:]}")
-    if time.time() > deadline:
-      process.kill()
-      pytest.fail("rl did not reach the step-2 checkpoint in 600 s")
-    time.sleep(0.2)
-  process.send_signal(signal.SIGKILL)
-  process.wait()
-  process.stderr.close()
+def _params(directory):
+  return kill_resume.params(rl_common.load_sft_policy(directory)[0])
 
 
 def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
@@ -141,7 +76,8 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
   run = [*RUN, f"init.checkpoint={untrained_policy}"]
   assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
   killed = tmp_path / "killed"
-  _kill_after_step_2(run, killed, reward_module)
+  kill_resume.kill_after_checkpoint(run, killed, 2, tmp_path,
+                                    python_path=[reward_module])
   assert rl_checkpoints.latest_step(killed) == 2
   assert not (killed / "summary.json").exists()
   capsys.readouterr()
@@ -150,7 +86,8 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
   assert "resuming from the checkpoint of step 2" in log
   assert "step 4/4" in log and "step 2/4" not in log
 
-  one, two = _summary(tmp_path / "one"), _summary(killed)
+  one = kill_resume.summary(tmp_path / "one")
+  two = kill_resume.summary(killed)
   assert two["train_step_rewards"] == pytest.approx(
       one["train_step_rewards"], abs=1e-6
   )
@@ -159,10 +96,7 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
       assert two[key] == pytest.approx(value, abs=1e-6), key
     else:
       assert two[key] == value, key
-  want, got = _params(tmp_path / "one"), _params(killed)
-  assert want.keys() == got.keys()
-  for key in want:
-    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+  kill_resume.assert_same_params(_params(killed), _params(tmp_path / "one"))
   # The final policy is a run directory the next stages load: opd on the rl
   # run, then generate and rl on the opd run.
   assert rl_checkpoints.policy_dir(killed) == killed / "policy"

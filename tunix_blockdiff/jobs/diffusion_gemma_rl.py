@@ -12,8 +12,13 @@ or `dataset` and `reward`.
 Recipe keys that do not apply here: `rollout.threshold`,
 `rollout.temperature` (the sampler's temperature schedule applies),
 `grpo.loss_agg_mode` and `grpo.likelihood` (dg_grpo is sequence-level and
-exact). Not supported: `grpo.checkpoint_every_n_steps` (no resume yet),
-several processes.
+exact). Not supported: several processes.
+
+Checkpoints and resume are the rl job's (`jobs.rl_checkpoints`):
+`grpo.checkpoint_every_n_steps` saves the actor through Tunix and the job
+state (the rollout engine's call counter, the training rewards) beside it;
+relaunching the same command continues from the latest checkpoint to the
+uninterrupted run's result.
 
 Writes to `output_dir`: the resolved recipe, `summary.json`
 (`reward_start`, `reward_end`: mean held-out reward of sampled rollouts
@@ -25,14 +30,12 @@ init.checkpoint=` take it).
 from __future__ import annotations
 
 import functools
-import pathlib
 from typing import Any
 
 from flax import nnx
 import numpy as np
 import omegaconf
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
@@ -83,10 +86,6 @@ def _check(cfg) -> None:
     raise errors.UsageError(
         "rl on a DiffusionGemma policy runs in one process: set distributed"
         " to null")
-  if cfg.grpo.get("checkpoint_every_n_steps"):
-    raise errors.UsageError(
-        "grpo.checkpoint_every_n_steps is not supported for a DiffusionGemma"
-        " policy yet (no resume): set it to null")
   if cfg.get("reward"):
     rl_reward.load_reward_fn(str(cfg.reward), columns=None)
 
@@ -103,6 +102,9 @@ def run(cfg) -> dict[str, Any]:
   sampler = dg_job.sampler_config(policy_cfg.get("sampler"), defaults,
                                   tokenizer)
   grpo_cfg = cfg.grpo
+  iterations = int(grpo_cfg.num_iterations)
+  every, keep = rl_checkpoints.checkpoint_every(grpo_cfg, "grpo", iterations)
+  resume = rl_checkpoints.load_resume(out) if every else None
   steps = int(grpo_cfg.steps)
   prompts_per_step = int(grpo_cfg.prompts_per_step)
   generations = int(grpo_cfg.num_generations)
@@ -113,25 +115,7 @@ def run(cfg) -> dict[str, Any]:
       cfg, tokenizer, prompts, job="rl")
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
-  train_rewards: list[float] = []
-
-  @functools.wraps(reward_fn)
-  def tracked_reward(prompts, completions, **kwargs):
-    rewards = reward_fn(prompts=prompts, completions=completions, **kwargs)
-    if kwargs.get("mode", "train") == "train":
-      train_rewards.extend(np.asarray(rewards, np.float64).tolist())
-    return rewards
-
-  training_config = rl_cluster_lib.RLTrainingConfig(
-      actor_optimizer=rl_common.make_rl_optimizer(grpo_cfg),
-      eval_every_n_steps=10**9,
-      max_steps=steps * int(grpo_cfg.num_iterations),
-      mini_batch_size=prompts_per_step,
-      train_micro_batch_size=int(grpo_cfg.micro_batch_prompts),
-      metrics_logging_options=metrics_lib.MetricsLoggerOptions(
-          log_dir=str(out / "tensorboard"), flush_every_n_steps=20),
-      pbar_description="DiffusionGemma GRPO",
-  )
+  train_rewards: list[float] = list(resume[1]["train_rewards"]) if resume else []
   reference = None
   if float(grpo_cfg.beta) != 0.0:
     reference = nnx.clone(policy)
@@ -139,26 +123,39 @@ def run(cfg) -> dict[str, Any]:
       actor=policy,
       reference=reference,
       tokenizer=tokenizer,
-      cluster_config=rl_cluster_lib.ClusterConfig(
-          role_to_mesh={r: mesh for r in (Role.ACTOR, Role.REFERENCE,
-                                          Role.ROLLOUT)},
-          rollout_engine=functools.partial(
-              engine_lib.DiffusionGemmaRollout, sampler_config=sampler,
-              seed=int(cfg.seed)),
-          training_config=training_config,
-          rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
+      cluster_config=rl_common.cluster_config(
+          grpo_cfg, out, mesh,
+          functools.partial(engine_lib.DiffusionGemmaRollout,
+                            sampler_config=sampler, seed=int(cfg.seed)),
+          rl_common.rollout_configs(cfg, max_new_tokens),
+          max_steps=steps * iterations,
+          description="DiffusionGemma GRPO",
+          checkpoints=(every, keep),
       ),
   )
   learner = learner_lib.DiffusionGemmaGRPOLearner(
       cluster,
       dg_grpo.DiffusionGemmaGRPOConfig(
           num_generations=generations,
-          num_iterations=int(grpo_cfg.num_iterations),
+          num_iterations=iterations,
           beta=float(grpo_cfg.beta),
           epsilon=float(grpo_cfg.epsilon),
       ),
-      reward_fns=[tracked_reward],
+      reward_fns=[rl_common.tracked_reward(reward_fn, train_rewards)],
   )
+  trainer = cluster.actor_trainer
+  done_ratios = list(resume[1]["is_ratio_mean"]) if resume else []
+
+  def ratios() -> list[float]:
+    return done_ratios + trainer.metric_history("is_ratio/mean")
+
+  rl_checkpoints.track_state(trainer, out, every, lambda: {
+      "rollout_calls": cluster.rollout.calls,
+      "train_rewards": list(train_rewards),
+      "is_ratio_mean": ratios(),
+  })
+  common.show_progress(trainer, max(1, steps * iterations // 10),
+                       steps * iterations, out)
 
   def evaluate() -> float:
     with mesh:
@@ -167,13 +164,19 @@ def run(cfg) -> dict[str, Any]:
           samples=int(cfg.eval.samples_per_prompt), mode=Mode.EVAL,
           batch_size=int(cfg.eval.batch_size))
 
-  start = evaluate()
+  if resume:  # The evaluation before training, and the rollout RNG.
+    start = resume[0]["eval"]
+    cluster.rollout.calls = int(resume[1]["rollout_calls"])
+  else:
+    start = evaluate()
+    if every:
+      rl_checkpoints.save_start(
+          out, {"eval": start, "rollout_calls": cluster.rollout.calls})
   rl_clock = common.Stopwatch()
   with mesh:
     learner.train(list(rl_data.prompt_batches(prompts.train,
                                               prompts_per_step)))
   rl_seconds = rl_clock()
-  trainer = cluster.actor_trainer
   with mesh:
     rl_checkpoints.save_policy(out, trainer.model, policy_cfg,
                                trainer.train_steps)
@@ -192,7 +195,7 @@ def run(cfg) -> dict[str, Any]:
       "train_step_rewards": batch_rewards,
       "train_groups_with_signal": rl_common.groups_with_signal(
           train_rewards, generations),
-      "is_ratio_mean": trainer.metric_history("is_ratio/mean"),
+      "is_ratio_mean": ratios(),
       "steps": steps,
       "optimizer_steps": trainer.train_steps,
       "rollouts": steps * per_step,

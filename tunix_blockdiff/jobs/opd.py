@@ -36,7 +36,6 @@ from typing import Any, Sequence
 
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import ar_teacher
@@ -53,7 +52,6 @@ from tunix_blockdiff.rollout import engine as engine_lib
 
 FIGURE_FILE = "opd.png"
 NUM_SAMPLES = 8
-Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
 
 
@@ -229,26 +227,13 @@ def run(cfg) -> dict[str, Any]:
   cluster = cluster_lib.BlockDiffusionRLCluster(
       actor=student,
       tokenizer=tokenizer,
-      cluster_config=rl_cluster_lib.ClusterConfig(
-          role_to_mesh={
-              Role.ACTOR: mesh,
-              Role.REFERENCE: mesh,
-              Role.ROLLOUT: mesh,
-          },
-          rollout_engine=rl_common.engine_factory(cfg, sft_cfg),
-          training_config=rl_cluster_lib.RLTrainingConfig(
-              actor_optimizer=rl_common.make_rl_optimizer(opd_cfg),
-              eval_every_n_steps=10**9,
-              max_steps=steps,
-              mini_batch_size=prompts_per_step,
-              train_micro_batch_size=int(opd_cfg.micro_batch_prompts),
-              metrics_logging_options=metrics_lib.MetricsLoggerOptions(
-                  log_dir=str(out / "tensorboard"), flush_every_n_steps=20
-              ),
-              pbar_description="block-diffusion OPD",
-              **rl_checkpoints.training_config_kwargs(out, every, keep),
-          ),
-          rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
+      cluster_config=rl_common.cluster_config(
+          opd_cfg, out, mesh,
+          rl_common.engine_factory(cfg, sft_cfg),
+          rl_common.rollout_configs(cfg, max_new_tokens),
+          max_steps=steps,
+          description="block-diffusion OPD",
+          checkpoints=(every, keep),
       ),
   )
   algo_config = opd.BlockDiffusionOPDConfig(

@@ -26,7 +26,6 @@ student.checkpoint=` take), and with `grpo.checkpoint_every_n_steps`
 
 from __future__ import annotations
 
-import functools
 import pathlib
 import sys
 from typing import Any, Sequence
@@ -34,7 +33,6 @@ from typing import Any, Sequence
 from flax import nnx
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
-from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import common
@@ -48,7 +46,6 @@ from tunix_blockdiff.rl import learners
 
 FIGURE_FILE = "rl.png"
 NUM_SAMPLES = 8
-Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
 
 
@@ -139,26 +136,6 @@ def run(cfg) -> dict[str, Any]:
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
   train_rewards: list[float] = list(resume[1]["train_rewards"]) if resume else []
 
-  @functools.wraps(reward_fn)
-  def tracked_reward(prompts, completions, **kwargs):
-    rewards = reward_fn(prompts=prompts, completions=completions, **kwargs)
-    if kwargs.get("mode", "train") == "train":
-      train_rewards.extend(np.asarray(rewards, np.float64).tolist())
-    return rewards
-
-  micro = int(grpo_cfg.micro_batch_prompts)
-  training_config = rl_cluster_lib.RLTrainingConfig(
-      actor_optimizer=rl_common.make_rl_optimizer(grpo_cfg),
-      eval_every_n_steps=10**9,
-      max_steps=steps * int(grpo_cfg.num_iterations),
-      mini_batch_size=prompts_per_step,
-      train_micro_batch_size=micro,
-      metrics_logging_options=metrics_lib.MetricsLoggerOptions(
-          log_dir=str(out / "tensorboard"), flush_every_n_steps=20
-      ),
-      pbar_description="block-diffusion GRPO",
-      **rl_checkpoints.training_config_kwargs(out, every, keep),
-  )
   reference = None
   if float(grpo_cfg.beta) != 0.0:
     reference = nnx.clone(policy)
@@ -166,15 +143,13 @@ def run(cfg) -> dict[str, Any]:
       actor=policy,
       reference=reference,
       tokenizer=tokenizer,
-      cluster_config=rl_cluster_lib.ClusterConfig(
-          role_to_mesh={
-              Role.ACTOR: mesh,
-              Role.REFERENCE: mesh,
-              Role.ROLLOUT: mesh,
-          },
-          rollout_engine=rl_common.engine_factory(cfg, sft_cfg),
-          training_config=training_config,
-          rollout_config=rl_common.rollout_configs(cfg, max_new_tokens),
+      cluster_config=rl_common.cluster_config(
+          grpo_cfg, out, mesh,
+          rl_common.engine_factory(cfg, sft_cfg),
+          rl_common.rollout_configs(cfg, max_new_tokens),
+          max_steps=steps * int(grpo_cfg.num_iterations),
+          description="block-diffusion GRPO",
+          checkpoints=(every, keep),
       ),
   )
   learner = learners.BlockDiffusionGRPOLearner(
@@ -187,7 +162,7 @@ def run(cfg) -> dict[str, Any]:
           loss_agg_mode=str(grpo_cfg.loss_agg_mode),
           likelihood=str(grpo_cfg.get("likelihood", "exact")),
       ),
-      reward_fns=[tracked_reward],
+      reward_fns=[rl_common.tracked_reward(reward_fn, train_rewards)],
   )
   eval_batch = int(cfg.eval.batch_size)
   samples = int(cfg.eval.samples_per_prompt)

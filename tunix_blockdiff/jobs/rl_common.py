@@ -20,6 +20,7 @@ import optax
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout
 from tunix.sft import checkpoint_manager as checkpoint_lib
+from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
@@ -209,6 +210,66 @@ def engine_factory(cfg, sft_cfg):
   )
 
 
+def cluster_config(
+    algo_cfg,
+    out: pathlib.Path,
+    mesh: jax.sharding.Mesh,
+    rollout_engine,
+    rollout_config: dict,
+    *,
+    max_steps: int,
+    description: str,
+    checkpoints: tuple[int | None, int] = (None, 3),
+) -> rl_cluster_lib.ClusterConfig:
+  """The `ClusterConfig` of an rl/opd job (every role on `mesh`).
+
+  Args:
+    algo_cfg: The recipe's `grpo` or `opd` section (learning rate, ...,
+      `prompts_per_step`, `micro_batch_prompts`).
+    out: The job's output_dir (TensorBoard logs, checkpoints).
+    mesh: The job's mesh.
+    rollout_engine: A `BaseRollout` factory (`engine_factory`, ...).
+    rollout_config: `rollout_configs(...)`.
+    max_steps: Optimizer steps.
+    description: The progress bar's label.
+    checkpoints: (every n steps or None, max to keep) from
+      `rl_checkpoints.checkpoint_every`.
+  """
+  every, keep = checkpoints
+  return rl_cluster_lib.ClusterConfig(
+      role_to_mesh={role: mesh for role in (
+          rl_cluster_lib.Role.ACTOR, rl_cluster_lib.Role.REFERENCE,
+          rl_cluster_lib.Role.ROLLOUT)},
+      rollout_engine=rollout_engine,
+      training_config=rl_cluster_lib.RLTrainingConfig(
+          actor_optimizer=make_rl_optimizer(algo_cfg),
+          eval_every_n_steps=10**9,
+          max_steps=max_steps,
+          mini_batch_size=int(algo_cfg.prompts_per_step),
+          train_micro_batch_size=int(algo_cfg.micro_batch_prompts),
+          metrics_logging_options=metrics_lib.MetricsLoggerOptions(
+              log_dir=str(out / "tensorboard"), flush_every_n_steps=20
+          ),
+          pbar_description=description,
+          **rl_checkpoints.training_config_kwargs(out, every, keep),
+      ),
+      rollout_config=rollout_config,
+  )
+
+
+def tracked_reward(reward_fn, rewards: list[float]):
+  """`reward_fn` that also appends its training-mode rewards to `rewards`."""
+
+  @functools.wraps(reward_fn)
+  def tracked(prompts, completions, **kwargs):
+    values = reward_fn(prompts=prompts, completions=completions, **kwargs)
+    if kwargs.get("mode", "train") == "train":
+      rewards.extend(np.asarray(values, np.float64).tolist())
+    return values
+
+  return tracked
+
+
 def make_rl_optimizer(algo_cfg) -> optax.GradientTransformation:
   """AdamW at a constant learning rate, gradients clipped by global norm."""
   adamw = optax.adamw(
@@ -326,6 +387,7 @@ def block_diffusion_rollout_cost(
 
 __all__ = [
     "block_diffusion_rollout_cost",
+    "cluster_config",
     "engine_factory",
     "evaluate_rewards",
     "generated_tokens",
@@ -337,5 +399,6 @@ __all__ = [
     "rollout_configs",
     "rl_mesh",
     "sft_warm_start",
+    "tracked_reward",
     "warm_start_recipe",
 ]

@@ -1,0 +1,123 @@
+"""Kill-and-resume helpers of the rl and opd job tests.
+
+A job is launched in a subprocess with a test-only patch of its checkpoint
+manager (`BLOCKER`, imported before the CLI): once the checkpoint of step
+`BD_BLOCK_STEP` is committed, every process writes `BLOCKED<pid>` beside
+the checkpoints and sleeps. The test SIGKILLs the processes there and runs
+the same command again on the same output_dir; the resumed run must end
+as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from flax import nnx
+import numpy as np
+import pytest
+
+BLOCKER = """
+import os, pathlib, time
+from tunix_blockdiff.jobs import rl_checkpoints
+
+_save = rl_checkpoints.StatefulCheckpointManager.save
+
+def save(self, step, *args, **kwargs):
+  saved = _save(self, step, *args, **kwargs)
+  if int(step) == int(os.environ["BD_BLOCK_STEP"]):
+    self._inner._checkpoint_manager.wait_until_finished()
+    (self._dir.parent / f"BLOCKED{os.getpid()}").write_text("")
+    time.sleep(3600)
+  return saved
+
+rl_checkpoints.StatefulCheckpointManager.save = save
+"""
+_MAIN = (
+    "import sys, bd_blocker; from tunix_blockdiff import cli;"
+    " sys.exit(cli.main(sys.argv[1:]))"
+)
+
+
+def kill_after_checkpoint(
+    argv: Sequence[str],
+    out: pathlib.Path,
+    step: int,
+    tmp_path: pathlib.Path,
+    python_path: Sequence[str] = (),
+    timeout_s: float = 600,
+) -> None:
+  """Runs `tunix-blockdiff ARGV output_dir=OUT`, SIGKILLs it after `step`."""
+  blocker_dir = tmp_path / "blocker"
+  blocker_dir.mkdir(exist_ok=True)
+  (blocker_dir / "bd_blocker.py").write_text(BLOCKER)
+  env = dict(
+      os.environ,
+      PYTHONPATH=os.pathsep.join(
+          [str(blocker_dir), *map(str, python_path),
+           os.environ.get("PYTHONPATH", "")]
+      ),
+      BD_BLOCK_STEP=str(step),
+      JAX_PLATFORMS="cpu",
+  )
+  process = subprocess.Popen(
+      [sys.executable, "-c", _MAIN, *argv, f"output_dir={out}"],
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+  )
+  deadline = time.time() + timeout_s
+  while not list((out / "checkpoints").glob("BLOCKED*")):
+    if process.poll() is not None:
+      pytest.fail(f"{argv[0]} exited early:"
+                  f" {process.stderr.read().decode()[-3000:]}")
+    if time.time() > deadline:
+      process.kill()
+      pytest.fail(f"{argv[0]} did not reach the step-{step} checkpoint"
+                  f" in {timeout_s:.0f} s")
+    time.sleep(0.2)
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  process.stderr.close()
+
+
+def summary(directory: pathlib.Path, drop: Sequence[str] = ()) -> dict:
+  """`summary.json` without its wall-clock times, the recipe and `drop`."""
+  values = json.loads((directory / "summary.json").read_text())
+  for key in list(values):
+    if key.endswith("seconds") or key == "recipe" or key in drop:
+      values.pop(key)
+  return values
+
+
+def assert_same_summary(got: dict, want: dict, rtol: float = 1e-5) -> None:
+  """Equal keys; floats (and float lists) within rtol, the rest equal."""
+  assert got.keys() == want.keys()
+  for key, value in want.items():
+    if isinstance(value, float) or (
+        isinstance(value, list) and value and isinstance(value[0], float)
+    ):
+      assert got[key] == pytest.approx(value, rel=rtol, abs=1e-7), key
+    else:
+      assert got[key] == value, key
+
+
+def params(model: nnx.Module) -> dict[str, np.ndarray]:
+  """A model's parameters by path, as NumPy arrays."""
+  return {
+      str(path): np.asarray(value)
+      for path, value in nnx.to_flat_state(nnx.state(model, nnx.Param))
+  }
+
+
+def assert_same_params(got: dict, want: dict) -> None:
+  assert want.keys() == got.keys()
+  for key in want:
+    np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6,
+                               err_msg=key)
