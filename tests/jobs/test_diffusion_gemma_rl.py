@@ -31,7 +31,7 @@ RL = [
     "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.num_generations=2",
     "grpo.micro_batch_prompts=1", "grpo.num_iterations=1", "grpo.beta=0.04",
     "eval.num_prompts=2", "eval.samples_per_prompt=1", "eval.batch_size=4",
-    "rollout.max_tokens_to_generate=8",
+    "rollout.max_tokens_to_generate=8", "rollout.max_prompt_length=null",
 ]
 
 
