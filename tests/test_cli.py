@@ -1,6 +1,7 @@
 """Tests for the `tunix-blockdiff` command dispatcher."""
 
 from tunix_blockdiff import cli
+from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import bench
 
 
@@ -43,6 +44,11 @@ def test_recipe_errors_are_one_line_naming_key_value_and_rule(tmp_path, capsys):
   out = f"output_dir={tmp_path}"
   err = _usage_error(capsys, ["sft", out, "training.max_steps=abc"])
   assert "training.max_steps=abc" in err and "must be an int" in err
+  err = _usage_error(capsys, ["sft", out, "training.max_steps=null"])
+  assert "must be an int" in err
+  # Keys whose recipes document null take it.
+  cfg = common.load_recipe(["rl_tiny.yaml", "rollout.max_prompt_length=null"])
+  assert cfg.rollout.max_prompt_length is None
   err = _usage_error(capsys, ["sft", out, "training.max_step=3"])
   assert "'training.max_step'" in err
   assert "did you mean 'training.max_steps'" in err

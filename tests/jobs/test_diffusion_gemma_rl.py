@@ -4,6 +4,9 @@ Also killed after its step-1 checkpoint (`kill_resume`) and relaunched.
 """
 
 import json
+import pathlib
+import shutil
+import sys
 
 from flax import nnx
 import jax
@@ -18,6 +21,10 @@ from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
 from tunix_blockdiff.jobs import diffusion_gemma_rl
 from tunix_blockdiff.jobs import rl_checkpoints
+
+DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+sys.path.insert(0, str(DATA))
+from hf_tokenizer import write_tiny_hf_tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SMALL = [
     "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
@@ -85,6 +92,42 @@ def test_rl_takes_a_diffusion_gemma_sft_run_and_resumes_exactly(
   capsys.readouterr()
   cli.main(["generate", str(out / "policy"), "color=false",
             "prompts=[rev 123456]", "max_new_tokens=8"])
+  assert "forward passes per token" in capsys.readouterr().out
+
+
+def test_rl_takes_an_hf_diffusion_gemma_directory(tmp_path, capsys):
+  hf = tmp_path / "hf"
+  shutil.copytree(DATA / "diffusion_gemma" / "moe_sliding", hf)
+  write_tiny_hf_tokenizer(hf)
+  rows = tmp_path / "prompts.jsonl"
+  rows.write_text("".join(
+      json.dumps({"prompt": f"say {i}", "answer": f"{i}"}) + "\n"
+      for i in range(12)))
+  run = ["rl", f"init.checkpoint={hf}", *RL]
+  out = tmp_path / "rl"
+  # Without prompt rows: one line, exit 2, before any compute.
+  assert cli.main([*run, f"output_dir={out}"]) == 2
+  assert "needs dataset" in capsys.readouterr().err
+  assert cli.main([*run, f"output_dir={out}", f"dataset.train={rows}"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["policy_family"] == "diffusion_gemma"
+  assert summary["sft"] == {"checkpoint": str(hf), "checkpoint_step": None}
+  assert summary["optimizer_steps"] == 2
+  assert summary["prompts_source"].endswith("prompts.jsonl")
+  # The directory's generation_config.json sets the sampler.
+  assert summary["sampler"]["max_denoising_steps"] == 6
+  policy = omegaconf.OmegaConf.load(out / "policy" / common.RECIPE_FILE)
+  assert policy.model.kind == "diffusion_gemma_hf"
+  assert policy.tokenizer.kind == "hf"
+  step, after = _params(out / "policy")
+  assert step == 2
+  base, _ = diffusion_gemma_rl.load_policy(
+      omegaconf.OmegaConf.create({"checkpoint": str(hf)}))[:2]
+  before = [np.asarray(x) for x in jax.tree.leaves(nnx.state(base))]
+  assert any(not np.allclose(a, b) for a, b in zip(before, after))
+  capsys.readouterr()
+  assert cli.main(["generate", str(out), "color=false", "prompts=[say 3]",
+                   "max_new_tokens=4"]) == 0
   assert "forward passes per token" in capsys.readouterr().out
 
 

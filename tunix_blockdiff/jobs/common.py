@@ -141,10 +141,19 @@ _KINDS = (
 )
 
 
+# Keys whose recipes document a meaning for null (the override may set it).
+NULLABLE_KEYS = ("model.num_experts", "rollout.max_prompt_length")
+
+
 def _check_override_type(base, cfg, override: str) -> None:
-  """A `key=value` override must keep the recipe value's type."""
+  """A `key=value` override must keep the recipe value's type.
+
+  `null` is also accepted for the keys in `NULLABLE_KEYS`.
+  """
   key, raw = override.split("=", 1)
   key = key.lstrip("+~")
+  if key in NULLABLE_KEYS and raw.strip() == "null":
+    return
   before = omegaconf.OmegaConf.select(base, key, default=None)
   after = to_dict(omegaconf.OmegaConf.select(cfg, key, default=None))
   before = to_dict(before)

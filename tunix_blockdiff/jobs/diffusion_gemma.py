@@ -314,13 +314,18 @@ DEFAULTS = {
 
 
 def handles_generate(argv: Sequence[str]) -> bool:
-  """Whether `generate argv` names a DiffusionGemma run or HF directory."""
+  """Whether `generate argv` names a DiffusionGemma run or HF directory.
+
+  An rl/opd run counts by its trained policy (`policy/`).
+  """
+  from tunix_blockdiff.jobs import rl_checkpoints  # pylint: disable=g-import-not-at-top
+
   if not argv or "=" in argv[0] or argv[0].startswith("-"):
     return False
   path = pathlib.Path(argv[0]).expanduser()
   if is_hf_dir(path):
     return True
-  recipe = path / common.RECIPE_FILE
+  recipe = rl_checkpoints.policy_dir(path) / common.RECIPE_FILE
   if not recipe.is_file():
     return False
   return is_recipe(omegaconf.OmegaConf.load(recipe))

@@ -78,11 +78,15 @@ def generate(path: pathlib.Path, options) -> dict[str, Any]:
     cfg = omegaconf.OmegaConf.load(path / common.RECIPE_FILE)
     tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
     model, defaults, step = load_run(path, cfg)
-    run_data = sft_data_lib.build_sft_data(
-        cfg, tokenizer, seq_len=int(cfg.data.seq_len),
-        vocab_size=model.config.vocab_size, mask_token_id=None, train=False)
-    budget = None
-    if run_data.eval is not None and len(run_data.eval):
+    budget, run_data = None, None
+    # The run's held-out rows give the default prompts and budget; a run
+    # without data (an rl run on an HF directory) needs both passed.
+    if cfg.get("task") is not None or cfg.get("dataset") is not None:
+      run_data = sft_data_lib.build_sft_data(
+          cfg, tokenizer, seq_len=int(cfg.data.seq_len),
+          vocab_size=model.config.vocab_size, mask_token_id=None, train=False)
+    if (run_data is not None and run_data.eval is not None
+        and len(run_data.eval)):
       budget = max(run_data.eval[i].completion.size
                    for i in range(len(run_data.eval)))
       task_pairs = run_data.eval_pairs[:4]
@@ -159,7 +163,11 @@ def generate(path: pathlib.Path, options) -> dict[str, Any]:
 
 def generate_main(argv: Sequence[str]) -> int:
   """`tunix-blockdiff generate DIR [key=value ...]` for DiffusionGemma."""
+  from tunix_blockdiff.jobs import rl_checkpoints  # pylint: disable=g-import-not-at-top
+
   path = pathlib.Path(argv[0]).expanduser().resolve()
+  if not dg_job.is_hf_dir(path):
+    path = rl_checkpoints.policy_dir(path)  # An rl/opd run's policy.
   output = generate(path, _options(argv[1:]))
   print(f"forward passes per token: "
         f"{1 / max(output['tokens_per_forward'], 1e-9):.2f}  (tokens per"

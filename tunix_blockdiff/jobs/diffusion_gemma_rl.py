@@ -1,8 +1,10 @@
 """`tunix-blockdiff rl` on a DiffusionGemma policy: GRPO with `dg_grpo`.
 
 `jobs/rl.py` hands a recipe here when `init.checkpoint` is a DiffusionGemma
-sft run's `output_dir` (or an rl run on one: its `policy/`). The policy is
-that run's latest checkpoint (LoRA merged, then trained in full), sampled
+sft run's `output_dir` (or an rl run on one: its `policy/`), or an HF
+DiffusionGemma directory (with the rl recipe's `dataset` for prompts). The
+policy is that run's latest checkpoint (LoRA merged, then trained in full)
+or the directory's weights, sampled
 by `DiffusionGemmaRollout` with the run's `sampler` section, inside
 `DiffusionGemmaRLCluster` and trained by `DiffusionGemmaGRPOLearner`
 (`dg_grpo`, the sequence-level exact likelihood ratio). Prompts and the
@@ -30,6 +32,7 @@ init.checkpoint=` take it).
 from __future__ import annotations
 
 import functools
+import pathlib
 from typing import Any
 
 from flax import nnx
@@ -52,13 +55,37 @@ from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
 
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
+# The recipe an HF DiffusionGemma policy's `policy/recipe.yaml` starts from.
+HF_BASE_RECIPE = "diffusion_gemma_tiny.yaml"
+
+
+def hf_policy_recipe(path: str | pathlib.Path) -> omegaconf.DictConfig:
+  """The policy recipe of an HF DiffusionGemma directory (no sft run).
+
+  The bundled tiny DiffusionGemma recipe with `model.kind:
+  diffusion_gemma_hf`, `model.path` the directory, its own tokenizer and
+  its `generation_config.json` sampler defaults (`sampler: null`), and no
+  task: the rl recipe's `dataset` gives the prompts.
+  """
+  cfg = omegaconf.OmegaConf.load(common.recipe_path(HF_BASE_RECIPE))
+  return omegaconf.OmegaConf.merge(cfg, omegaconf.OmegaConf.from_dotlist([
+      "model.kind=diffusion_gemma_hf",
+      f"model.path={pathlib.Path(path).expanduser().resolve()}",
+      "tokenizer.kind=hf", "task=null", "sampler=null", "lora=null",
+  ]))
 
 
 def policy_recipe(init_cfg) -> omegaconf.DictConfig | None:
-  """The DiffusionGemma sft recipe `init.checkpoint` names, else None."""
+  """The DiffusionGemma policy recipe `init.checkpoint` names, else None.
+
+  `init.checkpoint` is a DiffusionGemma sft run (or an rl run on one) or
+  an HF DiffusionGemma directory (`hf_policy_recipe`).
+  """
   checkpoint = init_cfg.get("checkpoint") if init_cfg is not None else None
   if not checkpoint:
     return None
+  if dg_job.is_hf_dir(str(checkpoint)):
+    return hf_policy_recipe(str(checkpoint))
   recipe = rl_checkpoints.policy_dir(str(checkpoint)) / common.RECIPE_FILE
   if not recipe.is_file():
     return None
@@ -67,14 +94,17 @@ def policy_recipe(init_cfg) -> omegaconf.DictConfig | None:
 
 
 def is_policy(init_cfg) -> bool:
-  """Whether an rl recipe's `init` section names a DiffusionGemma run."""
+  """Whether an rl recipe's `init` section names a DiffusionGemma policy."""
   return policy_recipe(init_cfg) is not None
 
 
 def load_policy(init_cfg):
-  """(model, policy recipe with lora null, sampler defaults, step)."""
-  directory = rl_checkpoints.policy_dir(str(init_cfg.checkpoint))
+  """(model, policy recipe with lora null, sampler defaults, step or None)."""
   sft_cfg = policy_recipe(init_cfg)
+  if dg_job.is_hf_dir(str(init_cfg.checkpoint)):
+    model, defaults = dg_job.build_model(sft_cfg.model, seed=int(sft_cfg.seed))
+    return model, sft_cfg, defaults, None
+  directory = rl_checkpoints.policy_dir(str(init_cfg.checkpoint))
   model, defaults, step = dg_generate.load_run(directory, sft_cfg)
   policy_cfg = omegaconf.OmegaConf.create(common.to_dict(sft_cfg))
   policy_cfg.lora = None  # LoRA is merged: the policy trains in full.
@@ -88,6 +118,13 @@ def _check(cfg) -> None:
         " to null")
   if cfg.get("reward"):
     rl_reward.load_reward_fn(str(cfg.reward), columns=None)
+  init = cfg.get("init")
+  checkpoint = init.get("checkpoint") if init is not None else None
+  if checkpoint and dg_job.is_hf_dir(str(checkpoint)) and (
+      cfg.get("dataset") is None):
+    raise errors.UsageError(
+        "rl on an HF DiffusionGemma directory needs dataset (prompt rows):"
+        " the directory has no task to draw prompts from")
 
 
 def run(cfg) -> dict[str, Any]:

@@ -217,7 +217,7 @@ def check_tokenizers_agree(
     tokenizer,
     *,
     vocab_size: int,
-    mask_token_id: int,
+    mask_token_id: int | None,
 ) -> None:
   """Raises a one-line `UsageError` unless teacher and student share ids.
 
@@ -231,7 +231,8 @@ def check_tokenizers_agree(
     path: The HF teacher directory.
     tokenizer: The student's tokenizer (`pad_id`, `eos_id`, `bos_id`).
     vocab_size: The student model's logits width.
-    mask_token_id: The student's mask id (`diffusion.mask_token_id`).
+    mask_token_id: The student's mask id (`diffusion.mask_token_id`), or
+      None for a student without one (DiffusionGemma).
   """
   teacher = teacher_ids(path)
   where = f"teacher.path={path}"
@@ -265,7 +266,8 @@ def check_tokenizers_agree(
           f" {shown[0] if len(shown) == 1 else shown} differs from the"
           f" student's {int(student_id)}; OPD needs one shared tokenizer"
       )
-  if not 0 <= int(mask_token_id) < teacher["vocab_size"]:
+  if mask_token_id is not None and not 0 <= int(mask_token_id) < teacher[
+      "vocab_size"]:
     raise errors.UsageError(
         f"{where}: the student's mask id {mask_token_id}"
         " (diffusion.mask_token_id) is not an id of the teacher's vocabulary"

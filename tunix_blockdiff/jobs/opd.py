@@ -38,6 +38,7 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import distributed
+from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import hf_teacher
@@ -152,8 +153,30 @@ def plot_opd(path, divergences, start, end, title):
   return pathlib.Path(path)
 
 
+def _check_block_diffusion_keys(opd_cfg) -> None:
+  """Keys of DiffusionGemma students that a block-diffusion one refuses."""
+  if int(opd_cfg.get("num_generations", 1)) != 1:
+    raise errors.UsageError(
+        "opd.num_generations applies to DiffusionGemma students only (a"
+        " block-diffusion student's per-token objective takes one rollout"
+        f" per prompt): set it to 1, got {opd_cfg.num_generations}")
+  if float(opd_cfg.get("reference_kl", 0.0)) != 0.0:
+    raise errors.UsageError(
+        "opd.reference_kl applies to DiffusionGemma students only: set it to"
+        f" 0, got {opd_cfg.reference_kl}")
+
+
 def run(cfg) -> dict[str, Any]:
-  """Runs the recipe; returns the summary (also written to `output_dir`)."""
+  """Runs the recipe; returns the summary (also written to `output_dir`).
+
+  A DiffusionGemma `student.checkpoint` runs `jobs.diffusion_gemma_opd`.
+  """
+  from tunix_blockdiff.jobs import diffusion_gemma_opd  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.jobs import diffusion_gemma_rl  # pylint: disable=g-import-not-at-top
+
+  if diffusion_gemma_rl.is_policy(cfg.get("student")):
+    return diffusion_gemma_opd.run(cfg)
+  _check_block_diffusion_keys(cfg.opd)
   clock = common.Stopwatch()
   hf_teacher.check_teacher_section(cfg.teacher)
   out = common.prepare_output_dir(cfg)

@@ -1,0 +1,127 @@
+"""`tunix-blockdiff opd` on a DiffusionGemma student (sequence-level OPD)."""
+
+import json
+
+from flax import nnx
+import hf_layout
+import jax
+import jax.numpy as jnp
+import numpy as np
+import omegaconf
+import pytest
+
+from tunix_blockdiff import cli
+from tunix_blockdiff.attention import masks
+from tunix_blockdiff import tasks as tasks_lib
+from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
+from tunix_blockdiff.jobs import diffusion_gemma_opd
+from tunix_blockdiff.models import logits as modeling
+from tunix_blockdiff.models import tiny as tiny_models
+
+SMALL = [
+    "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
+    "model.layer_types=[sliding_attention,full_attention]",
+    "model.intermediate_size=48", "model.head_dim=8", "model.global_head_dim=8",
+    "model.moe_intermediate_size=16", "data.batch_size=8", "eval.batch_size=8",
+    "sampler.max_denoising_steps=4", "training.warmup_steps=1",
+    "training.max_steps=2", "training.checkpoint_every_n_steps=2",
+]
+OPD = [
+    "opd", "teacher.num_layers=1", "teacher.embed_dim=16",
+    "teacher.hidden_dim=32", "teacher.num_heads=2", "teacher.head_dim=8",
+    "teacher.num_kv_heads=1", "teacher.steps=3", "teacher.warmup_steps=1",
+    "teacher.batch_size=8", "teacher.num_train=16", "opd.steps=2",
+    "opd.prompts_per_step=2", "opd.micro_batch_prompts=1",
+    "opd.num_generations=2", "opd.reference_kl=0.04", "eval.num_prompts=2",
+    "eval.batch_size=4",
+    "rollout.max_tokens_to_generate=8", "rollout.max_prompt_length=null",
+]
+
+
+@pytest.fixture(name="student", scope="module")
+def _student(tmp_path_factory):
+  """A 2-step DiffusionGemma sft run on 6-10 digit reversal."""
+  out = tmp_path_factory.mktemp("dg_student")
+  assert cli.main(["sft", "diffusion_gemma_tiny.yaml", *SMALL,
+                   f"output_dir={out}"]) == 0
+  return out
+
+
+def _params(run_dir):
+  cfg = omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
+  model, _, step = dg_generate.load_run(run_dir, cfg)
+  return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
+
+
+def test_opd_trains_a_diffusion_gemma_student_on_the_teachers_likelihood(
+    student, tmp_path, capsys):
+  out = tmp_path / "opd"
+  assert cli.main([*OPD, f"student.checkpoint={student}",
+                   f"output_dir={out}"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["policy_family"] == "diffusion_gemma"
+  assert summary["divergence_kind"] == "teacher_cross_entropy"
+  # A cross-entropy: positive and finite, before and after.
+  for key in ("divergence_start", "divergence_end"):
+    assert 0 < summary[key] < np.inf
+  assert summary["optimizer_steps"] == 2 and summary["rollouts"] == 8
+  # Log-probabilities per token, one mean per step.
+  assert len(summary["train_teacher_logprob"]) == 2
+  assert all(v <= 0 for v in summary["train_teacher_logprob"])
+  assert summary["prompt_truncation"]["truncated_train"] == 0
+  _, before = _params(student)
+  step, after = _params(out / "policy")
+  assert step == 2
+  assert any(not np.allclose(a, b) for a, b in zip(before, after))
+  capsys.readouterr()
+  assert cli.main(["generate", str(out), "color=false",
+                   "prompts=[rev 123456]", "max_new_tokens=8"]) == 0
+  assert "forward passes per token" in capsys.readouterr().out
+
+
+def test_teacher_log_prob_is_the_causal_log_likelihood_per_token():
+  tokenizer = tasks_lib.CharTokenizer()
+  teacher = tiny_models.tiny_qwen3(tokenizer.vocab_size, seed=3,
+                                   random_mlp=True, num_layers=1,
+                                   embed_dim=16, hidden_dim=32, num_heads=2,
+                                   head_dim=8, num_kv_heads=1)
+  score = diffusion_gemma_opd.TeacherLogProb(
+      teacher, tokenizer, max_prompt_length=9, max_new_tokens=6)
+  prompts, completions = ["rev 12", "rev 1234"], ["21", "4321x"]
+  got = score(prompts, completions)
+  for prompt, completion, value in zip(prompts, completions, got):
+    # Unpadded, one row: BOS + prompt + completion + EOS, plain causal mask.
+    ids = [tokenizer.bos_id(), *tokenizer.encode(prompt)]
+    target = [*tokenizer.encode(completion), tokenizer.eos_id()]
+    tokens = jnp.asarray([ids + target], jnp.int32)
+    positions = jnp.arange(tokens.shape[1])[None]
+    mask = masks.block_causal_mask(positions, positions, 1)
+    logits = modeling.call_model(teacher, tokens, positions, mask)[0]
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    want = np.mean([float(logp[len(ids) - 1 + j, t])
+                    for j, t in enumerate(target)])
+    assert value == pytest.approx(want, abs=1e-5)
+
+
+def test_bad_keys_and_a_mismatched_teacher_are_refused(student, tmp_path,
+                                                       capsys,
+                                                       untrained_policy):
+  base = [*OPD, f"student.checkpoint={student}", f"output_dir={tmp_path}/a"]
+  assert cli.main([*base, "opd.num_generations=1"]) == 2
+  assert "num_generations >= 2" in capsys.readouterr().err
+  # A block-diffusion student refuses the DiffusionGemma-only keys.
+  bd = ["opd", f"student.checkpoint={untrained_policy}",
+        f"output_dir={tmp_path}/b"]
+  assert cli.main([*bd, "opd.num_generations=2"]) == 2
+  assert cli.main([*bd, "opd.reference_kl=0.1"]) == 2
+  # An HF teacher with another vocabulary: one line, before any compute.
+  teacher = hf_layout.write(tmp_path / "teacher", "qwen3",
+                            hf_layout.randomize(tiny_models.tiny_qwen3(
+                                64, num_layers=1, embed_dim=16, hidden_dim=32,
+                                num_heads=2, head_dim=8, num_kv_heads=1)))
+  capsys.readouterr()
+  ar_keys = [a for a in base if not a.startswith("teacher.")]
+  assert cli.main([*ar_keys, "teacher.kind=hf", f"teacher.path={teacher}"]) == 2
+  assert "vocabulary size 64" in capsys.readouterr().err
+  assert not (tmp_path / "a" / "summary.json").exists()
