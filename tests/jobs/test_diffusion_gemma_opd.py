@@ -65,6 +65,8 @@ def test_opd_trains_a_diffusion_gemma_student_on_the_teachers_likelihood(
   # A cross-entropy: positive and finite, before and after.
   for key in ("divergence_start", "divergence_end"):
     assert 0 < summary[key] < np.inf
+  for key in ("divergence_se_start", "divergence_se_end"):
+    assert 0 <= summary[key] < np.inf
   assert summary["optimizer_steps"] == 2 and summary["rollouts"] == 8
   # Log-probabilities per token, one mean per step.
   assert len(summary["train_teacher_logprob"]) == 2

@@ -43,7 +43,8 @@ process only.
 
 Writes `summary.json`: `divergence_start` / `divergence_end` (the teacher's
 cross-entropy per token of the student's sampled held-out completions,
-`divergence_kind: teacher_cross_entropy`), `student_exact_match_start` /
+`divergence_kind: teacher_cross_entropy`, with standard errors
+`divergence_se_start` / `_end`), `student_exact_match_start` /
 `_end` (sampled: the sampler has no greedy mode), `teacher_exact_match`,
 `train_teacher_logprob` (per step), and the trained student in `policy/`.
 """
@@ -249,6 +250,7 @@ def run(cfg) -> dict[str, Any]:
                                     [c["completion"] for c in chunk]))
     return {"exact_match": exact,
             "divergence": -float(np.mean(scores)),
+            "divergence_se": float(np.std(scores) / np.sqrt(len(scores))),
             "completions": completions[:8]}
 
   if resume:  # The evaluation before training, and the rollout RNG.
@@ -279,6 +281,9 @@ def run(cfg) -> dict[str, Any]:
       "divergence_kind": "teacher_cross_entropy",
       "divergence_start": start["divergence"],
       "divergence_end": end["divergence"],
+      # Standard errors over the held-out completions.
+      "divergence_se_start": start.get("divergence_se"),
+      "divergence_se_end": end["divergence_se"],
       "student_exact_match_start": start["exact_match"],
       "student_exact_match_end": end["exact_match"],
       "samples_end": end["completions"],
