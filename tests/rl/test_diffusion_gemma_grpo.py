@@ -222,3 +222,24 @@ def test_the_learner_refuses_other_clusters_configs_and_engines():
   with pytest.raises(TypeError, match="sequence-level"):
     cluster.get_ref_per_token_logps(None, None)
 
+
+
+def test_a_small_step_along_the_gradient_raises_the_advantaged_logprobs():
+  # dg_grpo at ratio 1 is -sum_i A_i log P(tau_i) / B: a step of L2 length
+  # 1e-5 along -grad must raise sum_i A_i log P (to first order, > 0), row by
+  # row in the sign of A_i, with the scorer recomputing the acceptance.
+  advantages = np.array([1.0, -1.0, 0.5, -0.5])
+  example, engine, out = _example(advantages)
+  model = engine.model()
+  _, _, grads = _loss_and_grad(model, example, _algo(beta=0.0))
+  norm = np.sqrt(sum(float(jnp.sum(g**2)) for g in jax.tree.leaves(grads)))
+  graphdef, state = nnx.split(model)
+  moved = nnx.merge(graphdef, jax.tree.map(
+      lambda p, g: p - 1e-5 * g / norm, state, nnx.state(grads)))
+  before = np.asarray(engine.score(model, example.prompt_ids,
+                                   example.prompt_mask, out.trace))
+  after = np.asarray(engine.score(moved, example.prompt_ids,
+                                  example.prompt_mask, out.trace))
+  change = after - before
+  assert float((advantages * change).sum()) > 0
+  np.testing.assert_array_equal(np.sign(change), np.sign(advantages))
