@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 
+import dg_sizes
 from flax import nnx
 import jax
 import numpy as np
@@ -24,13 +25,7 @@ GOLDEN = DATA / "diffusion_gemma/moe_sliding"
 sys.path.insert(0, str(DATA))
 from hf_tokenizer import write_tiny_hf_tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SMALL = [
-    "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
-    "model.layer_types=[sliding_attention,full_attention]",
-    "model.intermediate_size=48", "model.head_dim=8", "model.global_head_dim=8",
-    "model.moe_intermediate_size=16", "data.batch_size=8", "eval.batch_size=8",
-    "sampler.max_denoising_steps=4", "training.warmup_steps=1",
-]
+SMALL = dg_sizes.SMALL
 
 
 def _params(run_dir):

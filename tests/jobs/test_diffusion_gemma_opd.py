@@ -2,6 +2,7 @@
 
 import json
 
+import dg_sizes
 from flax import nnx
 import hf_layout
 import jax
@@ -19,14 +20,7 @@ from tunix_blockdiff.jobs import diffusion_gemma_opd
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 
-SMALL = [
-    "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
-    "model.layer_types=[sliding_attention,full_attention]",
-    "model.intermediate_size=48", "model.head_dim=8", "model.global_head_dim=8",
-    "model.moe_intermediate_size=16", "data.batch_size=8", "eval.batch_size=8",
-    "sampler.max_denoising_steps=4", "training.warmup_steps=1",
-    "training.max_steps=2", "training.checkpoint_every_n_steps=2",
-]
+SMALL = dg_sizes.TWO_STEPS
 OPD = [
     "opd", "teacher.num_layers=1", "teacher.embed_dim=16",
     "teacher.hidden_dim=32", "teacher.num_heads=2", "teacher.head_dim=8",

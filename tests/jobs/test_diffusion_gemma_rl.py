@@ -8,6 +8,7 @@ import pathlib
 import shutil
 import sys
 
+import dg_sizes
 from flax import nnx
 import jax
 import kill_resume
@@ -26,14 +27,7 @@ DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 sys.path.insert(0, str(DATA))
 from hf_tokenizer import write_tiny_hf_tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SMALL = [
-    "task.num_train=256", "task.num_eval=8", "model.hidden_size=32",
-    "model.layer_types=[sliding_attention,full_attention]",
-    "model.intermediate_size=48", "model.head_dim=8", "model.global_head_dim=8",
-    "model.moe_intermediate_size=16", "data.batch_size=8", "eval.batch_size=8",
-    "sampler.max_denoising_steps=4", "training.warmup_steps=1",
-    "training.max_steps=2", "training.checkpoint_every_n_steps=2",
-]
+SMALL = dg_sizes.TWO_STEPS
 RL = [
     "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.num_generations=2",
     "grpo.micro_batch_prompts=1", "grpo.num_iterations=1", "grpo.beta=0.04",

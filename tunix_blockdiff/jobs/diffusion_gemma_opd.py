@@ -51,7 +51,6 @@ cross-entropy per token of the student's sampled held-out completions,
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Sequence
 
 from flax import nnx
@@ -70,11 +69,7 @@ from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
-from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
-from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
-from tunix_blockdiff.rl import diffusion_gemma_learner as learner_lib
 from tunix_blockdiff.rl import opd as opd_lib
-from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
 from tunix_blockdiff.rollout import prompts as prompts_lib
 
 Mode = rl_cluster_lib.Mode
@@ -204,30 +199,12 @@ def run(cfg) -> dict[str, Any]:
   train_logprobs: list[float] = (
       list(resume[1]["train_rewards"]) if resume else [])
 
-  reference = None
-  if float(opd_cfg.reference_kl) != 0.0:
-    reference = nnx.clone(student)
-  cluster = cluster_lib.DiffusionGemmaRLCluster(
-      actor=student,
-      reference=reference,
-      tokenizer=tokenizer,
-      cluster_config=rl_common.cluster_config(
-          opd_cfg, out, mesh,
-          functools.partial(engine_lib.DiffusionGemmaRollout,
-                            sampler_config=sampler, seed=int(cfg.seed)),
-          rl_common.rollout_configs(cfg, max_new_tokens),
-          max_steps=steps,
-          description="DiffusionGemma OPD",
-          checkpoints=(every, keep),
-      ),
-  )
-  learner = learner_lib.DiffusionGemmaGRPOLearner(
-      cluster,
-      dg_grpo.DiffusionGemmaGRPOConfig(
-          num_generations=generations, num_iterations=1,
-          beta=float(opd_cfg.reference_kl), epsilon=0.2),
-      reward_fns=[rl_common.tracked_reward(teacher_logprob, train_logprobs)],
-  )
+  cluster, learner = dg_rl.grpo_learner(
+      cfg, opd_cfg, out, mesh, student, tokenizer, sampler,
+      rl_common.tracked_reward(teacher_logprob, train_logprobs),
+      generations=generations, iterations=1,
+      beta=float(opd_cfg.reference_kl), epsilon=0.2, max_steps=steps,
+      description="DiffusionGemma OPD", checkpoints=(every, keep))
   trainer = cluster.actor_trainer
   rl_checkpoints.track_state(trainer, out, every, lambda: {
       "rollout_calls": cluster.rollout.calls,

@@ -111,6 +111,42 @@ def load_policy(init_cfg):
   return model, policy_cfg, defaults, step
 
 
+def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
+                 reward_fn, *, generations: int, iterations: int, beta: float,
+                 epsilon: float, max_steps: int, description: str,
+                 checkpoints: tuple[int | None, int]):
+  """(`DiffusionGemmaRLCluster`, `DiffusionGemmaGRPOLearner`) of a job.
+
+  The rl and opd jobs on a DiffusionGemma policy share it: every role on
+  `mesh`, the policy sampled by `DiffusionGemmaRollout` with `sampler`,
+  trained with `dg_grpo` on `reward_fn`; a reference copy of the policy
+  only when `beta` (the KL weight) is nonzero.
+  """
+  reference = nnx.clone(policy) if beta != 0.0 else None
+  cluster = cluster_lib.DiffusionGemmaRLCluster(
+      actor=policy,
+      reference=reference,
+      tokenizer=tokenizer,
+      cluster_config=rl_common.cluster_config(
+          algo_cfg, out, mesh,
+          functools.partial(engine_lib.DiffusionGemmaRollout,
+                            sampler_config=sampler, seed=int(cfg.seed)),
+          rl_common.rollout_configs(cfg, int(cfg.rollout.max_tokens_to_generate)),
+          max_steps=max_steps,
+          description=description,
+          checkpoints=checkpoints,
+      ),
+  )
+  learner = learner_lib.DiffusionGemmaGRPOLearner(
+      cluster,
+      dg_grpo.DiffusionGemmaGRPOConfig(
+          num_generations=generations, num_iterations=iterations, beta=beta,
+          epsilon=epsilon),
+      reward_fns=[reward_fn],
+  )
+  return cluster, learner
+
+
 def _check(cfg) -> None:
   if cfg.get("distributed") is not None:
     raise errors.UsageError(
@@ -150,36 +186,15 @@ def run(cfg) -> dict[str, Any]:
       num_held_out=int(cfg.eval.num_prompts), seed=int(cfg.seed) + 1000)
   cfg.rollout.max_prompt_length, prompt_truncation = rl_data.size_prompts(
       cfg, tokenizer, prompts, job="rl")
-  max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
   train_rewards: list[float] = list(resume[1]["train_rewards"]) if resume else []
-  reference = None
-  if float(grpo_cfg.beta) != 0.0:
-    reference = nnx.clone(policy)
-  cluster = cluster_lib.DiffusionGemmaRLCluster(
-      actor=policy,
-      reference=reference,
-      tokenizer=tokenizer,
-      cluster_config=rl_common.cluster_config(
-          grpo_cfg, out, mesh,
-          functools.partial(engine_lib.DiffusionGemmaRollout,
-                            sampler_config=sampler, seed=int(cfg.seed)),
-          rl_common.rollout_configs(cfg, max_new_tokens),
-          max_steps=steps * iterations,
-          description="DiffusionGemma GRPO",
-          checkpoints=(every, keep),
-      ),
-  )
-  learner = learner_lib.DiffusionGemmaGRPOLearner(
-      cluster,
-      dg_grpo.DiffusionGemmaGRPOConfig(
-          num_generations=generations,
-          num_iterations=iterations,
-          beta=float(grpo_cfg.beta),
-          epsilon=float(grpo_cfg.epsilon),
-      ),
-      reward_fns=[rl_common.tracked_reward(reward_fn, train_rewards)],
-  )
+  cluster, learner = grpo_learner(
+      cfg, grpo_cfg, out, mesh, policy, tokenizer, sampler,
+      rl_common.tracked_reward(reward_fn, train_rewards),
+      generations=generations, iterations=iterations,
+      beta=float(grpo_cfg.beta), epsilon=float(grpo_cfg.epsilon),
+      max_steps=steps * iterations, description="DiffusionGemma GRPO",
+      checkpoints=(every, keep))
   trainer = cluster.actor_trainer
   done_ratios = list(resume[1]["is_ratio_mean"]) if resume else []
 
@@ -250,4 +265,5 @@ def run(cfg) -> dict[str, Any]:
   return summary
 
 
-__all__ = ["is_policy", "load_policy", "policy_recipe", "run"]
+__all__ = ["grpo_learner", "hf_policy_recipe", "is_policy", "load_policy",
+           "policy_recipe", "run"]
