@@ -230,16 +230,10 @@ def run(cfg) -> dict[str, Any]:
             "divergence_se": float(np.std(scores) / np.sqrt(len(scores))),
             "completions": completions[:8]}
 
-  if resume:  # The evaluation before training, and the rollout RNG.
-    start = resume[0]["eval"]
-    cluster.rollout.calls = int(resume[1]["rollout_calls"])
-  else:
-    start = evaluate()
-    if every:
-      rl_checkpoints.save_start(out, {
-          "eval": start, "rollout_calls": cluster.rollout.calls,
-          "teacher_losses": ([] if teacher_losses is None
-                             else np.asarray(teacher_losses).tolist())})
+  start = rl_checkpoints.start_evaluation(
+      out, resume, every, cluster.rollout, evaluate,
+      teacher_losses=([] if teacher_losses is None
+                      else np.asarray(teacher_losses).tolist()))
   opd_clock = common.Stopwatch()
   with mesh:
     learner.train(list(rl_data.prompt_batches(
@@ -250,8 +244,7 @@ def run(cfg) -> dict[str, Any]:
                                trainer.train_steps)
   end = evaluate()
   per_step = prompts_per_step * generations
-  step_logprobs = [float(np.mean(train_logprobs[i:i + per_step]))
-                   for i in range(0, len(train_logprobs), per_step)]
+  step_logprobs = rl_common.per_step_means(train_logprobs, per_step)
   summary = {
       "policy_family": "diffusion_gemma",
       "prompt_truncation": prompt_truncation,

@@ -36,7 +36,6 @@ import pathlib
 from typing import Any
 
 from flax import nnx
-import numpy as np
 import omegaconf
 from tunix.rl import rl_cluster as rl_cluster_lib
 
@@ -216,14 +215,8 @@ def run(cfg) -> dict[str, Any]:
           samples=int(cfg.eval.samples_per_prompt), mode=Mode.EVAL,
           batch_size=int(cfg.eval.batch_size))
 
-  if resume:  # The evaluation before training, and the rollout RNG.
-    start = resume[0]["eval"]
-    cluster.rollout.calls = int(resume[1]["rollout_calls"])
-  else:
-    start = evaluate()
-    if every:
-      rl_checkpoints.save_start(
-          out, {"eval": start, "rollout_calls": cluster.rollout.calls})
+  start = rl_checkpoints.start_evaluation(out, resume, every, cluster.rollout,
+                                         evaluate)
   rl_clock = common.Stopwatch()
   with mesh:
     learner.train(list(rl_data.prompt_batches(prompts.train,
@@ -234,8 +227,7 @@ def run(cfg) -> dict[str, Any]:
                                trainer.train_steps)
   end = evaluate()
   per_step = prompts_per_step * generations
-  batch_rewards = [float(np.mean(train_rewards[i:i + per_step]))
-                   for i in range(0, len(train_rewards), per_step)]
+  batch_rewards = rl_common.per_step_means(train_rewards, per_step)
   summary = {
       "policy_family": "diffusion_gemma",
       "prompt_truncation": prompt_truncation,

@@ -294,22 +294,16 @@ def run(cfg) -> dict[str, Any]:
 
   rl_checkpoints.track_state(trainer, out, every, job_state)
   common.show_progress(trainer, max(1, steps // 10), steps, out)
-  if resume:  # The evaluation before training, and the rollout RNG.
-    start = resume[0]["eval"]
-    cluster.rollout.calls = int(resume[1]["rollout_calls"])
-  else:
-    start = evaluate()
-    if every:
-      rl_checkpoints.save_start(
-          out,
-          {
-              "eval": start,
-              "rollout_calls": cluster.rollout.calls,
-              "teacher_losses": (
-                  [] if teacher_losses is None else teacher_losses.tolist()
-              ),
-          },
-      )
+  start = rl_checkpoints.start_evaluation(
+      out,
+      resume,
+      every,
+      cluster.rollout,
+      evaluate,
+      teacher_losses=(
+          [] if teacher_losses is None else teacher_losses.tolist()
+      ),
+  )
   opd_clock = common.Stopwatch()
   with mesh:
     learner.train(list(rl_data.prompt_batches(opd_rows, prompts_per_step)))

@@ -207,15 +207,9 @@ def run(cfg) -> dict[str, Any]:
           "completions": greedy,
       }
 
-  if resume:  # The evaluation before training, and the rollout RNG.
-    start = resume[0]["eval"]
-    cluster.rollout.calls = int(resume[1]["rollout_calls"])
-  else:
-    start = evaluate()
-    if every:
-      rl_checkpoints.save_start(
-          out, {"eval": start, "rollout_calls": cluster.rollout.calls}
-      )
+  start = rl_checkpoints.start_evaluation(
+      out, resume, every, cluster.rollout, evaluate
+  )
   rl_clock = common.Stopwatch()
   with mesh, cluster.rollout.record_outputs() as rollouts:
     recorded = rollouts
@@ -231,10 +225,7 @@ def run(cfg) -> dict[str, Any]:
     )
   end = evaluate()
   per_step = prompts_per_step * int(grpo_cfg.num_generations)
-  batch_rewards = [
-      float(np.mean(train_rewards[i : i + per_step]))
-      for i in range(0, len(train_rewards), per_step)
-  ]
+  batch_rewards = rl_common.per_step_means(train_rewards, per_step)
   window = max(1, len(batch_rewards) // 10)
   summary = {
       "prompt_truncation": prompt_truncation,

@@ -126,6 +126,24 @@ def save_start(out: pathlib.Path, value: dict[str, Any]) -> None:
   _write_json(_state_dir(out) / START_FILE, value)
 
 
+def start_evaluation(out: pathlib.Path, resume, every: int | None, rollout,
+                     evaluate, **extra):
+  """The held-out evaluation before training, run once per job.
+
+  Resuming (`resume` from `load_resume`), it is read back from `start.json`
+  and the rollout engine's call counter is set back to its value after it.
+  Otherwise `evaluate()` runs and, with checkpoints (`every`), is saved with
+  that call count and the JSON values in `extra`.
+  """
+  if resume:
+    rollout.calls = int(resume[1]["rollout_calls"])
+    return resume[0]["eval"]
+  start = evaluate()
+  if every:
+    save_start(out, {"eval": start, "rollout_calls": rollout.calls, **extra})
+  return start
+
+
 def load_resume(out: pathlib.Path) -> tuple[dict, dict] | None:
   """(start, state at the latest checkpoint) of a run to resume, or None.
 
@@ -225,6 +243,7 @@ __all__ = [
     "load_resume",
     "policy_dir",
     "save_policy",
+    "start_evaluation",
     "save_start",
     "track_state",
     "training_config_kwargs",

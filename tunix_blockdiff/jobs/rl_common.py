@@ -270,6 +270,12 @@ def tracked_reward(reward_fn, rewards: list[float]):
   return tracked
 
 
+def per_step_means(values: Sequence[float], per_step: int) -> list[float]:
+  """Means of consecutive `per_step` values (one per optimizer step)."""
+  return [float(np.mean(values[i:i + per_step]))
+          for i in range(0, len(values), per_step)]
+
+
 def make_rl_optimizer(algo_cfg) -> optax.GradientTransformation:
   """AdamW at a constant learning rate, gradients clipped by global norm."""
   adamw = optax.adamw(
@@ -395,6 +401,7 @@ __all__ = [
     "load_policy",
     "load_sft_policy",
     "make_rl_optimizer",
+    "per_step_means",
     "policy_recipe",
     "rollout_configs",
     "rl_mesh",
