@@ -1,6 +1,7 @@
 """`tunix-blockdiff rl` on a DiffusionGemma sft run: 2 GRPO steps end to end.
 
-Also killed after its step-1 checkpoint (`kill_resume`) and relaunched.
+Also killed after its step-1 checkpoint (`kill_resume`) and relaunched, and
+run on 2 processes (`tunix-blockdiff launch`), which must equal one.
 """
 
 import json
@@ -21,6 +22,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
 from tunix_blockdiff.jobs import diffusion_gemma_rl
+from tunix_blockdiff.jobs import launch
 from tunix_blockdiff.jobs import rl_checkpoints
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
@@ -42,17 +44,43 @@ def _params(run_dir):
   return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
 
 
-def test_rl_takes_a_diffusion_gemma_sft_run_and_resumes_exactly(
-    tmp_path, capsys
+def _named_params(run_dir):
+  cfg = _recipe(run_dir)
+  model, _, _ = dg_generate.load_run(run_dir, cfg)
+  return {path: np.asarray(v)
+          for path, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _recipe(run_dir):
+  return omegaconf.OmegaConf.load(run_dir / common.RECIPE_FILE)
+
+
+# A reward that differs between rollouts of a barely trained policy (exact
+# match is 0 everywhere there, which gives GRPO little to compare).
+REWARD = """
+def distinct(prompts, completions, **kwargs):
+  return [len(set(c)) / 8.0 for c in completions]
+"""
+
+
+def test_rl_takes_a_diffusion_gemma_sft_run_resumes_and_runs_on_2_processes(
+    tmp_path, monkeypatch, capsys
 ):
+  (tmp_path / "dg_many_processes_reward.py").write_text(REWARD)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for launched processes
   sft = tmp_path / "sft"
   cli.main(["sft", "diffusion_gemma_tiny.yaml", *SMALL, f"output_dir={sft}"])
   assert diffusion_gemma_rl.is_policy(
       omegaconf.OmegaConf.create({"checkpoint": str(sft)}))
   assert not diffusion_gemma_rl.is_policy(
       omegaconf.OmegaConf.create({"checkpoint": None}))
-  run = ["rl", f"init.checkpoint={sft}", *RL,
+  # Rollouts, scores and the held-out reward shard their rows over
+  # mesh.fsdp=4 (padded where they do not divide) and gather them.
+  run = ["rl", f"init.checkpoint={sft}", *RL, "mesh.fsdp=4",
+         "reward=dg_many_processes_reward:distinct",
          "grpo.checkpoint_every_n_steps=1"]
+  assert jax.device_count() == 8
   out = tmp_path / "rl"
   assert cli.main([*run, f"output_dir={out}"]) == 0
   summary = json.loads((out / "summary.json").read_text())
@@ -60,6 +88,7 @@ def test_rl_takes_a_diffusion_gemma_sft_run_and_resumes_exactly(
   assert summary["optimizer_steps"] == 2 and summary["rollouts"] == 8
   assert np.isfinite(summary["reward_start"])
   assert np.isfinite(summary["reward_end"])
+  assert np.isfinite(summary["reward_gain_se"])
   assert len(summary["train_step_rewards"]) == 2
   # num_iterations 1: the ratio is exactly 1 at every step.
   assert summary["is_ratio_mean"] == [1.0, 1.0]
@@ -87,6 +116,39 @@ def test_rl_takes_a_diffusion_gemma_sft_run_and_resumes_exactly(
   cli.main(["generate", str(out / "policy"), "color=false",
             "prompts=[rev 123456]", "max_new_tokens=8"])
   assert "forward passes per token" in capsys.readouterr().out
+  _check_two_processes_equal_one(run, out, tmp_path / "two", capsys)
+
+
+def _check_two_processes_equal_one(run, one, two, capsys):
+  """2 processes x 2 devices (gloo) give one process's summary and policy.
+
+  The same mesh.fsdp=4 over the two processes' devices; the training
+  examples are global arrays.
+  """
+  capsys.readouterr()
+  code = launch.launch([*run, f"output_dir={two}"], processes=2,
+                       devices_per_process=2)
+  log = capsys.readouterr().out
+  assert code == 0, log[-3000:]
+  summary = kill_resume.summary(one)
+  kill_resume.assert_same_summary(kill_resume.summary(two), summary)
+  assert len(set(summary["train_step_rewards"]
+                 + [summary["reward_start"]])) > 1
+  want = _named_params(one / "policy")
+  got = _named_params(two / "policy")
+  assert got.keys() == want.keys()
+  lr = float(_recipe(one).grpo.learning_rate)
+  for name, value in want.items():
+    if name[-1] in ("encoder_scalar", "decoder_scalar"):
+      # These layer scalars' gradients are at float-rounding level on a
+      # 2-step model, and Adam's normalisation turns rounding into steps of
+      # up to lr (one device and a one-process mesh differ the same way).
+      np.testing.assert_allclose(got[name], value, atol=2 * 2 * lr)
+    else:
+      np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5,
+                                 err_msg=str(name))
+  # Outputs from process 0 only.
+  assert "[p0] wrote" in log and "[p1] wrote" not in log
 
 
 def test_rl_takes_an_hf_diffusion_gemma_directory(tmp_path, capsys):
@@ -127,6 +189,20 @@ def test_rl_takes_an_hf_diffusion_gemma_directory(tmp_path, capsys):
 
 def test_unsupported_keys_are_one_line_usage_errors(tmp_path):
   cfg = omegaconf.OmegaConf.create({
-      "distributed": {"num_processes": 2}, "reward": None, "grpo": {}})
-  with pytest.raises(errors.UsageError, match="one process"):
+      "distributed": {"num_processes": 2}, "reward": "no_such_module:fn",
+      "grpo": {}})
+  with pytest.raises(errors.UsageError, match="no_such_module"):
     diffusion_gemma_rl._check(cfg)  # pylint: disable=protected-access
+
+
+def test_reward_gain_reports_paired_standard_errors():
+  got = diffusion_gemma_rl.reward_gain([0.0, 1.0, 0.0, 1.0],
+                                       [1.0, 1.0, 0.0, 1.0])
+  assert got["reward_start"] == 0.5 and got["reward_end"] == 0.75
+  assert got["reward_gain"] == 0.25
+  # Per-prompt differences [1, 0, 0, 0]: sample std 0.5, over sqrt(4).
+  assert got["reward_gain_se"] == pytest.approx(0.25)
+  assert got["reward_start_se"] == pytest.approx(np.std([0, 1, 0, 1], ddof=1)
+                                                 / 2)
+  assert np.isnan(diffusion_gemma_rl.reward_gain([1.0], [0.0])
+                  ["reward_gain_se"])

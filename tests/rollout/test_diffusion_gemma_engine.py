@@ -10,6 +10,7 @@ import pytest
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import tasks
+from tunix_blockdiff.jobs import common
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
 from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
@@ -200,3 +201,32 @@ def test_bad_arguments_are_refused_by_name():
             tokens=np.zeros((1, 4)), changed_at=np.zeros((1, 4)),
             canvas_steps=np.ones((1, 1)), forward_passes=np.ones(1),
             tokens_per_forward=np.ones(1))), 4)
+
+
+def test_rows_sharded_over_a_mesh_give_the_one_device_rollout_and_scores():
+  # 5 prompts over fsdp=2 (padded to 6 rows; the 2 experts sharded too):
+  # the same rollouts, sampler log-probs and scores as on one device.
+  mesh = jax.make_mesh((2, 1, 1), ("fsdp", "sp", "tp"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3)
+  prompts = PROMPTS[:5]
+  one = engine_lib.DiffusionGemmaRollout(tiny_model(), TOKENIZER,
+                                         sampler_config=SAMPLER, seed=4)
+  with mesh:
+    model = common.shard_model(tiny_model(), mesh)
+    sharded = engine_lib.DiffusionGemmaRollout(
+        model, TOKENIZER, mesh=mesh, sampler_config=SAMPLER, seed=4)
+    out = sharded.generate(prompts, ROLLOUT)
+    mask = _prompt_mask(out)
+    scores = np.asarray(sharded.score(model, out.left_padded_prompt_tokens,
+                                      mask, out.trace))
+  ref = one.generate(prompts, ROLLOUT)
+  assert out.text == ref.text
+  np.testing.assert_array_equal(out.trace.tokens, ref.trace.tokens)
+  live = ref.trace.live
+  np.testing.assert_array_equal(out.trace.live, live)
+  np.testing.assert_array_equal(out.trace.accepted[live],
+                                ref.trace.accepted[live])
+  np.testing.assert_allclose(out.sequence_logprobs, ref.sequence_logprobs,
+                             rtol=1e-5)
+  np.testing.assert_allclose(scores, ref.sequence_logprobs, rtol=2e-5)
+  assert scores.shape == (5,)

@@ -303,7 +303,23 @@ def shard_model(model, mesh: jax.sharding.Mesh | None):
   from tunix.rl import reshard  # pylint: disable=g-import-not-at-top
 
   check_model_fits_mesh(model, mesh)
-  return reshard.reshard_model_to_mesh(model, mesh)
+  if jax.process_count() == 1:
+    return reshard.reshard_model_to_mesh(model, mesh)
+  # Several processes: Tunix's reshard device_puts onto devices of other
+  # processes, which JAX refuses. Every process holds the same host model
+  # (same seed, same checkpoint), so each builds its own shards from it.
+  graphdef, state = nnx.split(model)
+
+  def place(x, spec):
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+      return x
+    host = np.asarray(x)
+    sharding = jax.sharding.NamedSharding(mesh, spec)
+    return jax.make_array_from_callback(host.shape, sharding,
+                                        lambda index: host[index])
+
+  return nnx.merge(graphdef, jax.tree.map(place, state,
+                                          nnx.get_partition_spec(state)))
 
 
 def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):

@@ -22,9 +22,16 @@ state (the rollout engine's call counter, the training rewards) beside it;
 relaunching the same command continues from the latest checkpoint to the
 uninterrupted run's result.
 
+Runs on any number of processes (`distributed`, `tunix-blockdiff launch`):
+rollouts, scores and the held-out evaluation shard their rows over
+`mesh.fsdp` and gather them on every process, the training examples are
+global arrays, and process 0 writes the outputs.
+
 Writes to `output_dir`: the resolved recipe, `summary.json`
 (`reward_start`, `reward_end`: mean held-out reward of sampled rollouts
-before and after; `steps`, `seconds`, ...) and the trained policy in
+before and after, with standard errors over the held-out prompts and the
+paired `reward_gain` +- `reward_gain_se`; `steps`, `seconds`, ...) and the
+trained policy in
 `policy/` (a DiffusionGemma sft layout: `generate` and `rl
 init.checkpoint=` take it).
 """
@@ -36,6 +43,7 @@ import pathlib
 from typing import Any
 
 from flax import nnx
+import numpy as np
 import omegaconf
 from tunix.rl import rl_cluster as rl_cluster_lib
 
@@ -146,11 +154,36 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
   return cluster, learner
 
 
+def reward_gain(start: list[float], end: list[float]) -> dict[str, float]:
+  """Held-out reward before/after, with standard errors over the prompts.
+
+  Args:
+    start: Each held-out prompt's mean reward before training.
+    end: The same prompts' after training.
+
+  Returns:
+    `reward_start`, `reward_end` (means), their standard errors
+    `reward_start_se`, `reward_end_se`, and `reward_gain` (end - start)
+    with `reward_gain_se`, the paired standard error (of the per-prompt
+    differences: the prompts are the same, their samples independent).
+  """
+  start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
+  n = len(start)
+
+  def se(x):
+    return float(np.std(x, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
+
+  return {
+      "reward_start": float(start.mean()),
+      "reward_end": float(end.mean()),
+      "reward_start_se": se(start),
+      "reward_end_se": se(end),
+      "reward_gain": float((end - start).mean()),
+      "reward_gain_se": se(end - start),
+  }
+
+
 def _check(cfg) -> None:
-  if cfg.get("distributed") is not None:
-    raise errors.UsageError(
-        "rl on a DiffusionGemma policy runs in one process: set distributed"
-        " to null")
   if cfg.get("reward"):
     rl_reward.load_reward_fn(str(cfg.reward), columns=None)
   init = cfg.get("init")
@@ -208,12 +241,17 @@ def run(cfg) -> dict[str, Any]:
   common.show_progress(trainer, max(1, steps * iterations // 10),
                        steps * iterations, out)
 
-  def evaluate() -> float:
+  samples = int(cfg.eval.samples_per_prompt)
+
+  def evaluate() -> list[float]:
+    """Each held-out prompt's mean reward over its samples."""
+    rewards: list[float] = []
     with mesh:
-      return rl_common.evaluate_rewards(
-          cluster, prompts.held_out, reward_fn,
-          samples=int(cfg.eval.samples_per_prompt), mode=Mode.EVAL,
-          batch_size=int(cfg.eval.batch_size))
+      rl_common.evaluate_rewards(
+          cluster, prompts.held_out, reward_fn, samples=samples,
+          mode=Mode.EVAL, batch_size=int(cfg.eval.batch_size),
+          per_rollout=rewards)
+    return np.reshape(rewards, (-1, samples)).mean(axis=1).tolist()
 
   start = rl_checkpoints.start_evaluation(out, resume, every, cluster.rollout,
                                          evaluate)
@@ -231,8 +269,7 @@ def run(cfg) -> dict[str, Any]:
   summary = {
       "policy_family": "diffusion_gemma",
       "prompt_truncation": prompt_truncation,
-      "reward_start": start,
-      "reward_end": end,
+      **reward_gain(start, end),
       # The sampler has no greedy mode: EVAL rollouts sample too.
       "greedy_exact_match_start": None,
       "greedy_exact_match_end": None,
@@ -258,4 +295,4 @@ def run(cfg) -> dict[str, Any]:
 
 
 __all__ = ["grpo_learner", "hf_policy_recipe", "is_policy", "load_policy",
-           "policy_recipe", "run"]
+           "policy_recipe", "reward_gain", "run"]

@@ -299,12 +299,15 @@ def evaluate_rewards(
     mode: Mode,
     batch_size: int,
     completions: list[dict[str, str]] | None = None,
+    per_rollout: list[float] | None = None,
 ) -> float:
   """Mean reward of `samples` rollouts per held-out row in `mode`.
 
   The reward function is called as Tunix calls it (every row column as a
   keyword, `mode="eval"`). The last batch may be partial. When given,
-  `completions` receives a `{"prompt", "completion"}` dict per rollout.
+  `completions` receives a `{"prompt", "completion"}` dict per rollout and
+  `per_rollout` each rollout's reward (row-major: row i's samples at
+  `i * samples ...`).
   """
   rewards = []
   repeated = [row for row in rows for _ in range(samples)]
@@ -328,6 +331,8 @@ def evaluate_rewards(
             np.float64,
         ).tolist()
     )
+  if per_rollout is not None:
+    per_rollout.extend(rewards)
   return float(np.mean(rewards))
 
 

@@ -29,7 +29,9 @@ from __future__ import annotations
 from flax import nnx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
 from tunix_blockdiff.rl import entropy_bound_likelihood
@@ -132,16 +134,21 @@ class SequenceScorer:
 
   The model's GraphDef is split once here and closed over (it is not
   hashable, so it is never a static argument); `__call__` takes any model
-  of that structure (the policy, the reference, the rollout copy).
+  of that structure (the policy, the reference, the rollout copy). On a
+  mesh (`mesh`) the rows, prompts and trace alike, are sharded over its
+  fsdp axis and the log-probs gathered (`distributed.call_sharded`), the
+  same on every process.
   """
 
   def __init__(self, model: model_lib.DiffusionGemma,
-               config: dg_config.SamplerConfig):
+               config: dg_config.SamplerConfig, *,
+               mesh: jax.sharding.Mesh | None = None):
     if not isinstance(config, dg_config.SamplerConfig):
       raise TypeError(
           f"config must be a SamplerConfig, got {type(config).__name__}")
     graphdef, _ = nnx.split(model)
     self.config = config
+    self.mesh = mesh
 
     def score(state, prompt_tokens, prompt_valid, trace):
       m = nnx.merge(graphdef, state)
@@ -155,8 +162,15 @@ class SequenceScorer:
     """float32 [B] log P of each row's trajectories under `model`."""
     check_inputs(model, jnp.asarray(prompt_tokens),
                  jnp.asarray(prompt_valid), trace)
-    return self._score(nnx.state(model), jnp.asarray(prompt_tokens),
-                       jnp.asarray(prompt_valid, bool), trace)
+    if not distributed.shards_rows(self.mesh):
+      return self._score(nnx.state(model), jnp.asarray(prompt_tokens),
+                         jnp.asarray(prompt_valid, bool), trace)
+    leaves, treedef = jax.tree.flatten(trace)
+    state = nnx.state(model)
+    return jnp.asarray(distributed.call_sharded(
+        lambda tokens, valid, *rows: self._score(
+            state, tokens, valid, jax.tree.unflatten(treedef, rows)),
+        self.mesh, prompt_tokens, np.asarray(prompt_valid, bool), *leaves))
 
 
 __all__ = ["SequenceScorer", "check_inputs", "sequence_logprobs"]

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tunix_blockdiff import distributed
 from tunix_blockdiff.models.diffusion_gemma import config as config_lib
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
 from tunix_blockdiff.rollout import entropy_bound
@@ -36,7 +37,9 @@ class GenerateResult:
     forward_passes: int [B] decoder calls per row (finished rows not counted).
     tokens_per_forward: float [B] non-pad new tokens / forward passes (the
       reference's `tokens_per_forward`).
-    trace: Per canvas, the sampler's step record (`record_trace=True`).
+    trace: Per canvas, the sampler's step record (`record_trace=True`):
+      `denoise_canvas`'s trace fields, batch first ([B, N, ...]; the
+      temperature [B, N]).
   """
 
   tokens: np.ndarray
@@ -71,6 +74,21 @@ def finish_canvas(tokens, finished, eos_token_id, pad_token_id):
   return tokens, finished | stopped
 
 
+def batch_first(trace: dict[str, jax.Array] | None, batch: int):
+  """`denoise_canvas`'s step-first trace [N, B, ...] as [B, N, ...].
+
+  The temperature [N] is broadcast to [B, N], so that every field leads
+  with the rows (on a mesh, the sharded and gathered axis).
+  """
+  if trace is None:
+    return None
+  out = {k: jnp.moveaxis(v, 0, 1) for k, v in trace.items()
+         if k != "temperature"}
+  out["temperature"] = jnp.broadcast_to(trace["temperature"],
+                                        (batch,) + trace["temperature"].shape)
+  return out
+
+
 def valid_mask(width: int, lengths: np.ndarray) -> np.ndarray:
   """bool [B, width]: the right-aligned prompt slots of each row."""
   return np.arange(width)[None, :] >= (width - np.asarray(lengths))[:, None]
@@ -79,25 +97,38 @@ def valid_mask(width: int, lengths: np.ndarray) -> np.ndarray:
 class DiffusionGemmaSampler:
   """Compiled prefill and canvas programs for one model (reuse across calls).
 
+  On a mesh (`mesh`, several devices, possibly several processes) the rows
+  of every call are sharded over its fsdp axis (`distributed.call_sharded`:
+  padded to a multiple of mesh.fsdp, gathered back), so every process gets
+  every row, and the same rows as on one device: the noise of row i does
+  not depend on the batch size or on the sharding.
+
   Attributes:
-    model: The `DiffusionGemma`.
+    model: The `DiffusionGemma` (sharded on `mesh` when there is one).
     config: The sampler settings.
+    mesh: The mesh rows are sharded over, or None.
   """
 
   def __init__(self, model: model_lib.DiffusionGemma,
                config: config_lib.SamplerConfig, *,
-               record_trace: bool = False):
+               record_trace: bool = False,
+               mesh: jax.sharding.Mesh | None = None):
     self.model = model
     self.config = config
     self.record_trace = record_trace
+    self.mesh = mesh
     graphdef, _ = nnx.split(model)
     cfg = model.config
 
-    def prefill(state, tokens, valid, cache):
+    def prefill(state, tokens, valid, size):
+      # The cache is made here, in the program, so that on a mesh it is laid
+      # out like the rows (an eager one would live on one device).
       m = nnx.merge(graphdef, state)
-      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-      _, cache = m(tokens, positions, valid, cache, method="encode")
-      return cache
+      b, p = tokens.shape
+      positions = jnp.broadcast_to(jnp.arange(p), tokens.shape)
+      _, cache = m(tokens, positions, valid, m.init_cache(b, size),
+                   method="encode")
+      return cache, jnp.zeros((b,), bool)
 
     def canvas(state, cache, key, finished):
       m = nnx.merge(graphdef, state)
@@ -116,10 +147,10 @@ class DiffusionGemmaSampler:
                                            config.pad_token_id)
       _, cache = m(tokens, positions, jnp.ones((b, c), bool), cache,
                    method="encode")
-      return cache, tokens, result.steps, result.changed_at, now_finished, (
-          result.trace)
+      return (cache, tokens, result.steps, result.changed_at, now_finished,
+              jnp.all(now_finished), batch_first(result.trace, b))
 
-    self._prefill = jax.jit(prefill)
+    self._prefill = jax.jit(prefill, static_argnums=3)
     self._canvas = jax.jit(canvas)
 
   def generate(self, prompt_tokens, prompt_lengths, *, max_new_tokens: int,
@@ -158,26 +189,29 @@ class DiffusionGemmaSampler:
           " not supported (DiffusionGemma text only)")
     c = self.model.config.canvas_length
     canvases = math.ceil(max_new_tokens / c)
-    valid = valid_mask(p, lengths)
     state = nnx.state(self.model)
-    cache = self.model.init_cache(b, p + canvases * c)
-    cache = self._prefill(state, jnp.asarray(prompt_tokens),
-                          jnp.asarray(valid), cache)
-    finished = jnp.zeros((b,), bool)
-    tokens, changed, steps, traces = [], [], [], []
-    for key in jax.random.split(rng, canvases):
-      cache, out, n, ch, finished, trace = self._canvas(state, cache, key,
-                                                        finished)
-      tokens.append(out)
-      changed.append(ch)
-      steps.append(n)
-      traces.append(trace)
-      if bool(jnp.all(finished)):
-        break
-    tokens = np.asarray(jnp.concatenate(tokens, axis=1))
+    keys = jax.random.split(rng, canvases)
+
+    def run(tokens, valid):
+      """Per-canvas outputs (lists) for (possibly global) [B, ...] rows."""
+      cache, finished = self._prefill(state, tokens, valid, p + canvases * c)
+      out = ([], [], [], [])
+      for key in keys:
+        cache, canvas, n, ch, finished, done, trace = self._canvas(
+            state, cache, key, finished)
+        for part, x in zip(out, (canvas, ch, n, trace)):
+          part.append(x)
+        # The same gathered value on every process: one loop length.
+        if bool(distributed.gather(done)):
+          break
+      return out
+
+    tokens, changed, steps, traces = distributed.call_sharded(
+        run, self.mesh, prompt_tokens, valid_mask(p, lengths))
+    tokens = np.concatenate([np.asarray(t) for t in tokens], axis=1)
     pad_rest = canvases * c - tokens.shape[1]
-    changed = np.asarray(jnp.concatenate(changed, axis=1))
-    steps = np.asarray(jnp.stack(steps, axis=1))
+    changed = np.concatenate([np.asarray(t) for t in changed], axis=1)
+    steps = np.stack([np.asarray(t) for t in steps], axis=1)
     if pad_rest:
       tokens = np.pad(tokens, ((0, 0), (0, pad_rest)),
                       constant_values=self.config.pad_token_id)

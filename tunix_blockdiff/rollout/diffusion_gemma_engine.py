@@ -20,6 +20,10 @@ entropy bound, adaptive stop); of Tunix's `RolloutConfig` only
 temperature, top-k and top-p do not describe this sampler). EOS and pad
 are the tokenizer's.
 
+On a mesh (the cluster's rollout mesh, over one or several processes)
+the rows of every rollout and score are sharded over its fsdp axis and
+gathered, so every process gets every row, the same rows as one device.
+
 Log-probs are sequence-level: a DiffusionGemma rollout revises tokens, so
 no token has a probability of its own. `get_per_token_logps` and `score`
 return float32 [B], `rl.diffusion_gemma_scoring.sequence_logprobs` under
@@ -81,7 +85,9 @@ class DiffusionGemmaRollout(
       rollout_actor: The `DiffusionGemma` to sample from.
       tokenizer: A Tunix-compatible tokenizer (wrapped in `TokenizerAdapter`
         if it is not one).
-      mesh: Rollout mesh, if any (one process only).
+      mesh: Rollout mesh, if any: rollouts and scores shard their rows over
+        its fsdp axis (any number of processes) and gather them, so every
+        process gets every row.
       rollout_config: Tunix's TRAIN `RolloutConfig` (kept for defaults).
       sampler_config: The sampler settings (default: the reference's
         `SamplerConfig()`); its EOS and pad are replaced by the tokenizer's.
@@ -101,10 +107,6 @@ class DiffusionGemmaRollout(
       raise TypeError(
           "sampler_config must be a SamplerConfig, got"
           f" {type(sampler_config).__name__}")
-    if jax.process_count() > 1:
-      raise ValueError(
-          "DiffusionGemmaRollout runs in one process (multi-process rollouts"
-          " are not supported yet)")
     if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
       tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
     self._model = rollout_actor
@@ -119,7 +121,7 @@ class DiffusionGemmaRollout(
     self._init_engine(seed)
     self._train_rollout_config = rollout_config
     self._sampler = dg_rollout.DiffusionGemmaSampler(
-        rollout_actor, self.sampler_config, record_trace=True)
+        rollout_actor, self.sampler_config, record_trace=True, mesh=mesh)
     # id(model) -> (model, scorer): one compiled scorer per scored model.
     self._scorers: dict[int, tuple[nnx.Module, scoring.SequenceScorer]] = {}
 
@@ -195,7 +197,8 @@ class DiffusionGemmaRollout(
     """
     entry = self._scorers.get(id(model))
     if entry is None or entry[0] is not model:
-      entry = (model, scoring.SequenceScorer(model, self.sampler_config))
+      entry = (model, scoring.SequenceScorer(model, self.sampler_config,
+                                             mesh=self.mesh))
       self._scorers[id(model)] = entry
     return entry[1](model, np.asarray(prompt_tokens),
                     np.asarray(prompt_mask, bool), trace)

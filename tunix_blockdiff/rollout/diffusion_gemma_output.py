@@ -82,23 +82,21 @@ def trace_from_result(result: dg_rollout.GenerateResult,
   if result.trace is None:
     raise ValueError("result has no trace: sample with record_trace=True")
   tokens = np.asarray(result.tokens, np.int32)
-  b, width = tokens.shape
+  width = tokens.shape[1]
   k = width // canvas_length
   if k * canvas_length != width or not result.trace:
     raise ValueError(
         f"result.tokens width {width} is not a positive multiple of"
         f" canvas_length={canvas_length}")
-  n = result.trace[0]["canvas"].shape[0]
   fields = {}
-  for name in _STEP_FIELDS:
-    per_canvas = [np.moveaxis(np.asarray(t[name]), 0, 1)   # [B, N, ...]
-                  for t in result.trace]
-    filler = np.zeros_like(per_canvas[0])
+  for name in _STEP_FIELDS + ("temperature",):
+    per_canvas = [np.asarray(t[name]) for t in result.trace]   # [B, N, ...]
+    # Skipped canvases: not live; the schedule is the same for every canvas.
+    filler = (per_canvas[0] if name == "temperature"
+              else np.zeros_like(per_canvas[0]))
     per_canvas += [filler] * (k - len(per_canvas))
     fields[name] = np.stack(per_canvas, axis=1)
-  temps = [np.asarray(t["temperature"], np.float32) for t in result.trace]
-  temps += [temps[0]] * (k - len(temps))
-  fields["temperature"] = np.broadcast_to(np.stack(temps)[None], (b, k, n))
+  fields["temperature"] = fields["temperature"].astype(np.float32)
   return DiffusionGemmaTrace(
       tokens=tokens,
       active=np.asarray(result.canvas_steps) > 0,
