@@ -89,6 +89,8 @@ def test_rl_takes_a_diffusion_gemma_sft_run_resumes_and_runs_on_2_processes(
   assert np.isfinite(summary["reward_start"])
   assert np.isfinite(summary["reward_end"])
   assert np.isfinite(summary["reward_gain_se"])
+  assert 0.0 <= summary["greedy_exact_match_start"] <= 1.0
+  assert np.isfinite(summary["greedy_reward_gain_se"])
   assert len(summary["train_step_rewards"]) == 2
   # num_iterations 1: the ratio is exactly 1 at every step.
   assert summary["is_ratio_mean"] == [1.0, 1.0]

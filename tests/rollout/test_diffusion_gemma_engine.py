@@ -230,3 +230,12 @@ def test_rows_sharded_over_a_mesh_give_the_one_device_rollout_and_scores():
                              rtol=1e-5)
   np.testing.assert_allclose(scores, ref.sequence_logprobs, rtol=2e-5)
   assert scores.shape == (5,)
+
+
+def test_greedy_configs_are_refused_for_rollouts_and_scores():
+  greedy = dataclasses.replace(SAMPLER, greedy=True)
+  with pytest.raises(ValueError, match="greedy trajectories have no"):
+    engine_lib.DiffusionGemmaRollout(tiny_model(), TOKENIZER,
+                                     sampler_config=greedy)
+  with pytest.raises(ValueError, match="greedy trajectories have no"):
+    scoring.SequenceScorer(tiny_model(), greedy)

@@ -151,3 +151,23 @@ def test_inverse_cdf_and_argmax_match_their_definitions(vocab, seed):
   x = rng.integers(0, 3, (4, vocab)).astype(np.float32)  # many ties
   np.testing.assert_array_equal(eb.first_argmax(jnp.asarray(x)),
                                 np.argmax(x, -1))
+
+
+def test_greedy_steps_place_the_argmax_and_sampled_ones_draw():
+  # An uncertain row (sharpness 0.5 over 7 tokens): sampled denoiser canvases
+  # stray from the favoured token, greedy ones never do.
+  decoder = _toy_decoder(7, jnp.array([0.5, 0.5]))
+  target = (np.arange(5) + 1) % 7
+  canvases = {}
+  for greedy in (False, True):
+    config = SamplerConfig(max_denoising_steps=6, entropy_bound=0.5,
+                           confidence_threshold=1e-9, greedy=greedy)
+    result = eb.denoise_canvas(decoder, jax.random.key(1), 2, 5, 7, config,
+                               record_trace=True)
+    live = np.asarray(result.trace["live"])
+    canvases[greedy] = np.asarray(result.trace["denoiser"])[live]
+  assert (canvases[False] != target).any()
+  np.testing.assert_array_equal(
+      canvases[True], np.broadcast_to(target, canvases[True].shape))
+  with pytest.raises(TypeError, match="greedy must be a bool"):
+    SamplerConfig(greedy=1)

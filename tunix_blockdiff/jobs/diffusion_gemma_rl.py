@@ -38,13 +38,16 @@ init.checkpoint=` take it).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import pathlib
 from typing import Any
 
 from flax import nnx
+import jax
 import numpy as np
 import omegaconf
+from tunix.generate import tokenizer_adapter
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import errors
@@ -55,10 +58,13 @@ from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
 from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
 from tunix_blockdiff.rl import diffusion_gemma_learner as learner_lib
+from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
 from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
+from tunix_blockdiff.rollout import prompts as prompts_lib
 
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
@@ -154,17 +160,19 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
   return cluster, learner
 
 
-def reward_gain(start: list[float], end: list[float]) -> dict[str, float]:
+def reward_gain(start: list[float], end: list[float],
+                name: str = "reward") -> dict[str, float]:
   """Held-out reward before/after, with standard errors over the prompts.
 
   Args:
     start: Each held-out prompt's mean reward before training.
     end: The same prompts' after training.
+    name: The keys' stem.
 
   Returns:
-    `reward_start`, `reward_end` (means), their standard errors
-    `reward_start_se`, `reward_end_se`, and `reward_gain` (end - start)
-    with `reward_gain_se`, the paired standard error (of the per-prompt
+    `{name}_start`, `{name}_end` (means), their standard errors
+    `{name}_start_se`, `{name}_end_se`, and `{name}_gain` (end - start)
+    with `{name}_gain_se`, the paired standard error (of the per-prompt
     differences: the prompts are the same, their samples independent).
   """
   start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
@@ -174,13 +182,64 @@ def reward_gain(start: list[float], end: list[float]) -> dict[str, float]:
     return float(np.std(x, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
 
   return {
-      "reward_start": float(start.mean()),
-      "reward_end": float(end.mean()),
-      "reward_start_se": se(start),
-      "reward_end_se": se(end),
-      "reward_gain": float((end - start).mean()),
-      "reward_gain_se": se(end - start),
+      f"{name}_start": float(start.mean()),
+      f"{name}_end": float(end.mean()),
+      f"{name}_start_se": se(start),
+      f"{name}_end_se": se(end),
+      f"{name}_gain": float((end - start).mean()),
+      f"{name}_gain_se": se(end - start),
   }
+
+
+def greedy_rewards(model, sampler: dg.SamplerConfig, tokenizer, mesh, rows,
+                   reward_fn, *, max_prompt_length: int, max_new_tokens: int,
+                   batch_size: int, seed: int):
+  """A function giving each row's reward under the greedy sampler.
+
+  `SamplerConfig(greedy=True)`: each step's denoiser canvas is the argmax.
+  The initial canvases and renoising still draw, from keys fixed by `seed`
+  and the batch index, so every call (before and after training, and after
+  a resume) uses the same noise: the gain is paired.
+
+  Args:
+    model: The policy (read at each call: the trained parameters).
+    sampler: The rollouts' `SamplerConfig`.
+    tokenizer: The policy's tokenizer.
+    mesh: The rl mesh (rows sharded over fsdp) or None.
+    rows: The held-out `rl_data.Row`s.
+    reward_fn: The recipe's reward, called as Tunix calls it.
+    max_prompt_length: Prompt width.
+    max_new_tokens: New tokens per completion.
+    batch_size: Rows per sampler call.
+    seed: Noise seed.
+
+  Returns:
+    `() -> list[float]`, one reward per row.
+  """
+  config = dataclasses.replace(sampler, greedy=True)
+  program = dg_rollout.DiffusionGemmaSampler(model, config, mesh=mesh)
+  adapter = (tokenizer
+             if isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter)
+             else tokenizer_adapter.TokenizerAdapter(tokenizer))
+
+  def evaluate() -> list[float]:
+    rewards = []
+    for index, first in enumerate(range(0, len(rows), batch_size)):
+      chunk = rows[first:first + batch_size]
+      batch = next(rl_data.prompt_batches(chunk, len(chunk)))
+      texts = list(batch.pop("prompts"))
+      encoded = prompts_lib.tokenize_prompts(adapter, texts, max_prompt_length)
+      result = program.generate(
+          encoded.tokens, encoded.lengths, max_new_tokens=max_new_tokens,
+          rng=jax.random.fold_in(jax.random.key(seed), index))
+      _, completions = engine_lib.completions(result.tokens,
+                                              config.eos_token_id, adapter)
+      rewards.extend(np.asarray(reward_fn(
+          prompts=texts, completions=completions, mode=str(Mode.EVAL),
+          **batch), np.float64).tolist())
+    return rewards
+
+  return evaluate
 
 
 def _check(cfg) -> None:
@@ -242,16 +301,22 @@ def run(cfg) -> dict[str, Any]:
                        steps * iterations, out)
 
   samples = int(cfg.eval.samples_per_prompt)
+  greedy = greedy_rewards(
+      trainer.model, sampler, tokenizer, mesh, prompts.held_out, reward_fn,
+      max_prompt_length=int(cfg.rollout.max_prompt_length),
+      max_new_tokens=int(cfg.rollout.max_tokens_to_generate),
+      batch_size=int(cfg.eval.batch_size), seed=int(cfg.seed) + 2000)
 
-  def evaluate() -> list[float]:
-    """Each held-out prompt's mean reward over its samples."""
+  def evaluate() -> dict[str, list[float]]:
+    """Each held-out prompt's mean sampled reward, and its greedy reward."""
     rewards: list[float] = []
     with mesh:
       rl_common.evaluate_rewards(
           cluster, prompts.held_out, reward_fn, samples=samples,
           mode=Mode.EVAL, batch_size=int(cfg.eval.batch_size),
           per_rollout=rewards)
-    return np.reshape(rewards, (-1, samples)).mean(axis=1).tolist()
+      return {"sampled": np.reshape(rewards, (-1, samples)).mean(1).tolist(),
+              "greedy": greedy()}
 
   start = rl_checkpoints.start_evaluation(out, resume, every, cluster.rollout,
                                          evaluate)
@@ -269,10 +334,12 @@ def run(cfg) -> dict[str, Any]:
   summary = {
       "policy_family": "diffusion_gemma",
       "prompt_truncation": prompt_truncation,
-      **reward_gain(start, end),
-      # The sampler has no greedy mode: EVAL rollouts sample too.
-      "greedy_exact_match_start": None,
-      "greedy_exact_match_end": None,
+      **reward_gain(start["sampled"], end["sampled"]),
+      **reward_gain(start["greedy"], end["greedy"], name="greedy_reward"),
+      # The recipe reward of the greedy sampler (as the block-diffusion
+      # rl job names it).
+      "greedy_exact_match_start": float(np.mean(start["greedy"])),
+      "greedy_exact_match_end": float(np.mean(end["greedy"])),
       "train_step_rewards": batch_rewards,
       "train_groups_with_signal": rl_common.groups_with_signal(
           train_rewards, generations),
@@ -295,4 +362,4 @@ def run(cfg) -> dict[str, Any]:
 
 
 __all__ = ["grpo_learner", "hf_policy_recipe", "is_policy", "load_policy",
-           "policy_recipe", "reward_gain", "run"]
+           "greedy_rewards", "policy_recipe", "reward_gain", "run"]

@@ -38,6 +38,15 @@ from tunix_blockdiff.rl import entropy_bound_likelihood
 from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
 
 
+def check_samples(config: dg_config.SamplerConfig) -> None:
+  """Raises ValueError for a greedy `SamplerConfig` (no likelihood)."""
+  if config.greedy:
+    raise ValueError(
+        "sampler_config.greedy=True: greedy trajectories have no likelihood"
+        " (each step's denoiser canvas is an argmax, not a draw); RL rollouts"
+        " and their scorer need the sampling config")
+
+
 def check_inputs(model: model_lib.DiffusionGemma, prompt_tokens, prompt_valid,
                  trace: output_lib.DiffusionGemmaTrace) -> None:
   """Raises ValueError, naming the argument, for inconsistent shapes."""
@@ -85,6 +94,7 @@ def sequence_logprobs(model: model_lib.DiffusionGemma, prompt_tokens,
   Returns:
     float32 [B] (or [B, K]).
   """
+  check_samples(config)
   prompt_tokens = jnp.asarray(prompt_tokens)
   prompt_valid = jnp.asarray(prompt_valid, bool)
   check_inputs(model, prompt_tokens, prompt_valid, trace)
@@ -146,6 +156,7 @@ class SequenceScorer:
     if not isinstance(config, dg_config.SamplerConfig):
       raise TypeError(
           f"config must be a SamplerConfig, got {type(config).__name__}")
+    check_samples(config)
     graphdef, _ = nnx.split(model)
     self.config = config
     self.mesh = mesh
@@ -173,4 +184,5 @@ class SequenceScorer:
         self.mesh, prompt_tokens, np.asarray(prompt_valid, bool), *leaves))
 
 
-__all__ = ["SequenceScorer", "check_inputs", "sequence_logprobs"]
+__all__ = ["SequenceScorer", "check_inputs", "check_samples",
+           "sequence_logprobs"]

@@ -56,6 +56,18 @@ DiffusionGemmaTrace = output_lib.DiffusionGemmaTrace
 concat_outputs = output_lib.concat_outputs
 
 
+def completions(tokens: np.ndarray, eos_id: int | None,
+                tokenizer) -> tuple[list[np.ndarray], list[str]]:
+  """Each row of `tokens` [B, T] cut before its first EOS, and its text."""
+  out_tokens, texts = [], []
+  for row in np.asarray(tokens):
+    is_eos = row == eos_id
+    end = int(np.argmax(is_eos)) if is_eos.any() else row.shape[0]
+    out_tokens.append(row[:end])
+    texts.append(tokenizer.decode(row[:end].tolist()))
+  return out_tokens, texts
+
+
 class DiffusionGemmaRollout(
     engine_common.RolloutEngineMixin, base_rollout.BaseRollout
 ):
@@ -107,6 +119,7 @@ class DiffusionGemmaRollout(
       raise TypeError(
           "sampler_config must be a SamplerConfig, got"
           f" {type(sampler_config).__name__}")
+    scoring.check_samples(sampler_config)
     if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
       tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
     self._model = rollout_actor
@@ -162,13 +175,9 @@ class DiffusionGemmaRollout(
         rng=self._next_key(rollout_config))
     trace = output_lib.trace_from_result(
         result, self._model.config.canvas_length)
-    eos = self.sampler_config.eos_token_id
-    out_tokens, texts = [], []
-    for row in result.tokens:
-      is_eos = row == eos
-      end = int(np.argmax(is_eos)) if is_eos.any() else row.shape[0]
-      out_tokens.append(row[:end])
-      texts.append(self._tokenizer.decode(row[:end].tolist()))
+    out_tokens, texts = completions(result.tokens,
+                                    self.sampler_config.eos_token_id,
+                                    self._tokenizer)
     output = DiffusionGemmaRolloutOutput(
         text=texts,
         logits=[],
@@ -239,4 +248,4 @@ class DiffusionGemmaRollout(
 
 
 __all__ = ["DiffusionGemmaRollout", "DiffusionGemmaRolloutOutput",
-           "DiffusionGemmaTrace", "concat_outputs"]
+           "DiffusionGemmaTrace", "completions", "concat_outputs"]

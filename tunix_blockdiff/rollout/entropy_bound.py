@@ -269,6 +269,8 @@ def denoise_canvas(decoder_fn: DecoderFn, key: jax.Array, batch: int,
     temp = temperature((n - step).astype(jnp.float32), config)
     scaled = logits.astype(jnp.float32) / temp
     denoiser, entropy, new_argmax = sample_with_entropy(sample_key, scaled)
+    if config.greedy:
+      denoiser = new_argmax
     accepted = accept_mask(entropy, config.entropy_bound)
     noise = jax.random.randint(noise_key, (batch, canvas_length), 0,
                                vocab_size)

@@ -157,6 +157,11 @@ class SamplerConfig:
     confidence_threshold: ... its mean entropy is below c.
     eos_token_id: Row stop token (None: rows stop at max_new_tokens).
     pad_token_id: Written after a row's first EOS and for finished rows.
+    greedy: Each step's denoiser canvas is the argmax of its scaled logits
+      instead of a draw (acceptance, renoising and stopping unchanged): the
+      revising sampler's analogue of greedy decoding, for evaluation. Its
+      trajectories have no likelihood, so RL rollouts and the scorer refuse
+      it.
   """
 
   max_denoising_steps: int = 48
@@ -167,6 +172,7 @@ class SamplerConfig:
   confidence_threshold: float = 0.005
   eos_token_id: int | None = 1
   pad_token_id: int = 0
+  greedy: bool = False
 
   def __post_init__(self):
     if (not isinstance(self.max_denoising_steps, int)
@@ -186,6 +192,8 @@ class SamplerConfig:
     if not self.confidence_threshold > 0:
       raise ValueError("confidence_threshold must be > 0, got "
                        f"{self.confidence_threshold}")
+    if not isinstance(self.greedy, bool):
+      raise TypeError(f"greedy must be a bool, got {self.greedy!r}")
 
 
 _TEXT_KEYS = ("vocab_size", "hidden_size", "intermediate_size",
