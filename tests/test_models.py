@@ -227,3 +227,15 @@ def test_every_bundled_tiny_recipe_draws_its_feed_forward_kernels():
     assert not any("random_mlp" in o for o in cfg[section].sft_overrides)
   opd = omegaconf.OmegaConf.load(common.recipe_path("opd_tiny.yaml"))
   assert opd.teacher.random_mlp is True
+
+
+def test_tiny_diffusion_gemma_takes_config_overrides_and_sharpens():
+  plain = tiny_models.tiny_diffusion_gemma(15, seed=3)
+  sharp = tiny_models.tiny_diffusion_gemma(15, seed=3, embedding_scale=3.0,
+                                           num_experts=2, top_k_experts=1,
+                                           moe_intermediate_size=8)
+  assert plain.config.vocab_size == 15 and plain.config.num_experts is None
+  assert sharp.config.num_experts == 2 and sharp.config.canvas_length == 4
+  np.testing.assert_allclose(np.asarray(sharp.embedding[...]),
+                             3.0 * np.asarray(plain.embedding[...]),
+                             rtol=1e-6)

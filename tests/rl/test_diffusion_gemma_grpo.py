@@ -16,6 +16,7 @@ import tunix_blockdiff
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.models import diffusion_gemma as dg
+from tunix_blockdiff.models import tiny
 from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
 from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
 from tunix_blockdiff.rl import diffusion_gemma_learner as learner_lib
@@ -35,15 +36,8 @@ PROMPTS = ["rev 12>", "rev 12>", "rev 345>", "rev 345>"]
 
 
 def tiny_model(seed=0):
-  config = dg.DiffusionGemmaConfig(
-      vocab_size=TOKENIZER.vocab_size, hidden_size=16, intermediate_size=32,
-      layer_types=("sliding_attention", "full_attention"), num_heads=2,
-      num_kv_heads=1, head_dim=8, global_num_kv_heads=1, global_head_dim=8,
-      sliding_window=6, canvas_length=4, pad_token_id=0, eos_token_id=2,
-      bos_token_id=1)
-  model = dg.DiffusionGemma(config, rngs=nnx.Rngs(seed))
-  model.embedding[...] = model.embedding[...] * 3.0
-  return model
+  return tiny.tiny_diffusion_gemma(TOKENIZER.vocab_size, seed=seed,
+                                   embedding_scale=3.0)
 
 
 @functools.lru_cache(maxsize=None)

@@ -12,6 +12,7 @@ from tunix.rl.rollout import base_rollout
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.models import diffusion_gemma as dg
+from tunix_blockdiff.models import tiny
 from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
 from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
 from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
@@ -26,16 +27,9 @@ PROMPTS = ["rev 12>", "rev 345>", "rev 9>", "rev 70>"] * 2
 
 
 def tiny_model(seed=0):
-  config = dg.DiffusionGemmaConfig(
-      vocab_size=TOKENIZER.vocab_size, hidden_size=16, intermediate_size=32,
-      layer_types=("sliding_attention", "full_attention"), num_heads=2,
-      num_kv_heads=1, head_dim=8, global_num_kv_heads=1, global_head_dim=8,
-      sliding_window=6, num_experts=2, top_k_experts=1,
-      moe_intermediate_size=8, canvas_length=4, pad_token_id=0,
-      eos_token_id=2, bos_token_id=1)
-  model = dg.DiffusionGemma(config, rngs=nnx.Rngs(seed))
-  model.embedding[...] = model.embedding[...] * 3.0  # sharper distributions
-  return model
+  return tiny.tiny_diffusion_gemma(
+      TOKENIZER.vocab_size, seed=seed, embedding_scale=3.0, num_experts=2,
+      top_k_experts=1, moe_intermediate_size=8)
 
 
 @functools.lru_cache(maxsize=None)

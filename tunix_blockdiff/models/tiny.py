@@ -1,7 +1,7 @@
 """Tiny Tunix models built in code, for tests, the CPU recipes and benchmarks.
 
 One `<family>_config` and one `tiny_<family>` per Tunix causal LM family
-(Qwen3, Qwen2, Llama3, Gemma3). Built with the model constructors (not
+(Qwen3, Qwen2, Llama3, Gemma3), and `tiny_diffusion_gemma`. Built with the model constructors (not
 `create_dummy_model`, which randomises the norm weights), in float32, with the
 default (unsharded) configuration.
 """
@@ -15,6 +15,8 @@ from tunix.models.gemma3 import model as gemma3_lib
 from tunix.models.llama3 import model as llama3_lib
 from tunix.models.qwen2 import model as qwen2_lib
 from tunix.models.qwen3 import model as qwen3_lib
+
+from tunix_blockdiff.models import diffusion_gemma as dg
 
 
 def qwen3_config(
@@ -206,3 +208,32 @@ def tiny_gemma3(
   return _build(
       gemma3_lib.Gemma3, gemma3_config(vocab_size, **kwargs), seed, random_mlp
   )
+
+
+def tiny_diffusion_gemma(vocab_size: int, *, seed: int = 0,
+                         embedding_scale: float = 1.0, **overrides):
+  """A randomly initialised tiny `DiffusionGemma` (tests and benchmarks).
+
+  Two layers (one sliding, one full), width 16, canvas 4, dense MLPs and
+  the character tokenizer's ids (pad 0, BOS 1, EOS 2); `overrides` are
+  `DiffusionGemmaConfig` fields (e.g. `num_experts=2, top_k_experts=1,
+  moe_intermediate_size=8` for MoE layers).
+
+  Args:
+    vocab_size: V.
+    seed: Parameter seed.
+    embedding_scale: Multiplies the (tied) embedding: > 1 sharpens the
+      random model's distributions, so that its samples are not uniform.
+    **overrides: `DiffusionGemmaConfig` fields.
+  """
+  fields = dict(
+      vocab_size=vocab_size, hidden_size=16, intermediate_size=32,
+      layer_types=("sliding_attention", "full_attention"), num_heads=2,
+      num_kv_heads=1, head_dim=8, global_num_kv_heads=1, global_head_dim=8,
+      sliding_window=6, canvas_length=4, pad_token_id=0, eos_token_id=2,
+      bos_token_id=1)
+  fields.update(overrides)
+  model = dg.DiffusionGemma(dg.DiffusionGemmaConfig(**fields),
+                            rngs=nnx.Rngs(seed))
+  model.embedding[...] = model.embedding[...] * embedding_scale
+  return model
