@@ -41,6 +41,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pathlib
+import types
 from typing import Any
 
 from flax import nnx
@@ -222,21 +223,27 @@ def greedy_rewards(model, sampler: dg.SamplerConfig, tokenizer, mesh, rows,
              if isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter)
              else tokenizer_adapter.TokenizerAdapter(tokenizer))
 
-  def evaluate() -> list[float]:
-    rewards = []
-    for index, first in enumerate(range(0, len(rows), batch_size)):
-      chunk = rows[first:first + batch_size]
-      batch = next(rl_data.prompt_batches(chunk, len(chunk)))
-      texts = list(batch.pop("prompts"))
+  class Greedy:
+    """`rl_common.evaluate_rewards`'s generator: batch i draws with key i."""
+
+    calls = 0
+
+    def generate(self, texts, mode):
+      del mode
       encoded = prompts_lib.tokenize_prompts(adapter, texts, max_prompt_length)
       result = program.generate(
           encoded.tokens, encoded.lengths, max_new_tokens=max_new_tokens,
-          rng=jax.random.fold_in(jax.random.key(seed), index))
-      _, completions = engine_lib.completions(result.tokens,
-                                              config.eos_token_id, adapter)
-      rewards.extend(np.asarray(reward_fn(
-          prompts=texts, completions=completions, mode=str(Mode.EVAL),
-          **batch), np.float64).tolist())
+          rng=jax.random.fold_in(jax.random.key(seed), self.calls))
+      self.calls += 1
+      _, text = engine_lib.completions(result.tokens, config.eos_token_id,
+                                       adapter)
+      return types.SimpleNamespace(text=text)
+
+  def evaluate() -> list[float]:
+    rewards: list[float] = []
+    rl_common.evaluate_rewards(Greedy(), rows, reward_fn, samples=1,
+                               mode=Mode.EVAL, batch_size=batch_size,
+                               per_rollout=rewards)
     return rewards
 
   return evaluate

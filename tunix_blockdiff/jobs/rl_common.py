@@ -303,6 +303,9 @@ def evaluate_rewards(
 ) -> float:
   """Mean reward of `samples` rollouts per held-out row in `mode`.
 
+  `cluster` is an `RLCluster` or anything with `generate(prompts, mode=)`
+  returning an object with the completions as `.text`.
+
   The reward function is called as Tunix calls it (every row column as a
   keyword, `mode="eval"`). The last batch may be partial. When given,
   `completions` receives a `{"prompt", "completion"}` dict per rollout and
