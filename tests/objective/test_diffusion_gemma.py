@@ -145,8 +145,12 @@ def test_exact_accumulation_across_unequal_micro_batches():
       one, optax.sgd(0.5), _config(max_steps=2), OBJ).train([full] * 2)
   initial = _params(_model())
   diff = lambda a, b: max(float(np.abs(x - y).max()) for x, y in zip(a, b))
-  assert diff(initial, _params(accumulated)) > 1e-3
-  assert diff(_params(accumulated), _params(one)) < 1e-5
+  moved = diff(initial, _params(accumulated))
+  assert moved > 1e-3
+  # Equal up to float32 summation order, which differs between CPUs (seen
+  # 6e-6 and 3e-5 of a 0.24 move); a mean of micro-batch means (8 and 24
+  # targets) moves the first step 0.12 away from the exact one.
+  assert diff(_params(accumulated), _params(one)) < 1e-3 * moved
 
 
 def test_lora_on_attention_and_mlp_trains_only_lora():
