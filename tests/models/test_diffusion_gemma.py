@@ -11,6 +11,7 @@ import json
 import pathlib
 import shutil
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +23,12 @@ DATA = pathlib.Path(__file__).resolve().parents[1] / "data/diffusion_gemma"
 NAMES = ("moe_sliding", "moe_wide")
 TOL = 5e-5
 
+# One compiled program per method and shape. Called eagerly, the MoE model
+# compiles op by op, which took most of this module's time.
+_encode = nnx.jit(lambda model, *args: model.encode(*args))
+_decode = nnx.jit(lambda model, *args: model.decode(*args))
+_train_logits = nnx.jit(lambda model, *args: model.train_logits(*args))
+
 
 @pytest.fixture(scope="module", params=NAMES)
 def loaded(request):
@@ -29,13 +36,13 @@ def loaded(request):
   return model, sampler, skipped, np.load(DATA / request.param / "reference.npz")
 
 
-def _prefill(model, ref, tokens="prompt", valid=None):
+def _prefill(model, ref, tokens="prompt", valid=None, encode=_encode):
   b, t = ref[tokens].shape
   c = model.config.canvas_length
   cache = model.init_cache(b, t + 2 * c)
   valid = jnp.ones((b, t), bool) if valid is None else jnp.asarray(valid)
   positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-  return model.encode(jnp.asarray(ref[tokens]), positions, valid, cache)
+  return encode(model, jnp.asarray(ref[tokens]), positions, valid, cache)
 
 
 def _canvas_positions(model, ref, start):
@@ -63,12 +70,12 @@ def test_decoder_logits_with_and_without_self_conditioning(loaded):
   t = ref["prompt"].shape[1]
   pos = _canvas_positions(model, ref, t)
   canvas = jnp.asarray(ref["canvas1"])
-  plain = model.decode(canvas, pos, cache)
+  plain = _decode(model, canvas, pos, cache)
   np.testing.assert_allclose(plain, ref["logits_plain"], atol=TOL)
-  sc = model.decode(canvas, pos, cache, jnp.asarray(ref["sc_logits"]),
+  sc = _decode(model, canvas, pos, cache, jnp.asarray(ref["sc_logits"]),
                     jnp.asarray(ref["sc_mask"]))
   np.testing.assert_allclose(sc, ref["logits_sc"], atol=TOL)
-  sc_all = model.decode(canvas, pos, cache, jnp.asarray(ref["sc_logits"]))
+  sc_all = _decode(model, canvas, pos, cache, jnp.asarray(ref["sc_logits"]))
   np.testing.assert_allclose(sc_all, ref["logits_sc_all"], atol=TOL)
   # The mask's False row is exactly the unconditioned decoder.
   np.testing.assert_array_equal(np.asarray(sc)[1], np.asarray(plain)[1])
@@ -81,10 +88,10 @@ def test_second_canvas_after_encoding_the_first(loaded):
   t = ref["prompt"].shape[1]
   c = model.config.canvas_length
   pos = _canvas_positions(model, ref, t)
-  hidden, cache = model.encode(jnp.asarray(ref["canvas1"]), pos,
+  hidden, cache = _encode(model, jnp.asarray(ref["canvas1"]), pos,
                                jnp.ones(pos.shape, bool), cache)
   np.testing.assert_allclose(hidden, ref["enc2_hidden"], atol=TOL)
-  logits = model.decode(jnp.asarray(ref["canvas2"]), pos + c, cache)
+  logits = _decode(model, jnp.asarray(ref["canvas2"]), pos + c, cache)
   np.testing.assert_allclose(logits, ref["logits_second"], atol=TOL)
 
 
@@ -96,7 +103,7 @@ def test_left_padded_prompts(loaded):
                   0)
   assert np.abs(diff).max() < TOL
   pos = _canvas_positions(model, ref, ref["prompt"].shape[1])
-  logits = model.decode(jnp.asarray(ref["canvas1"]), pos, cache)
+  logits = _decode(model, jnp.asarray(ref["canvas1"]), pos, cache)
   np.testing.assert_allclose(logits, ref["pad_logits"], atol=TOL)
 
 
@@ -125,18 +132,18 @@ def test_train_logits_equal_encode_then_decode():
   sc = jnp.asarray(rng.standard_normal((2, length, 64)), jnp.float32)
   mask = jnp.array([True, False])
   positions = jnp.broadcast_to(jnp.arange(length), (2, length))
-  got = model.train_logits(jnp.asarray(clean), jnp.asarray(noisy), positions,
+  got = _train_logits(model, jnp.asarray(clean), jnp.asarray(noisy), positions,
                            jnp.ones((2, length), bool), jnp.asarray(canvas_id),
                            jnp.asarray(start), sc, mask)
   cache = model.init_cache(2, length)
-  _, cache = model.encode(jnp.asarray(clean[:, :prompt]), positions[:, :prompt],
+  _, cache = _encode(model, jnp.asarray(clean[:, :prompt]), positions[:, :prompt],
                           jnp.ones((2, prompt), bool), cache)
   for j in range(canvases):
     s = slice(prompt + j * c, prompt + (j + 1) * c)
-    want = model.decode(jnp.asarray(noisy[:, s]), positions[:, s], cache,
+    want = _decode(model, jnp.asarray(noisy[:, s]), positions[:, s], cache,
                         sc[:, s], mask)
     np.testing.assert_allclose(got[:, s], want, atol=TOL)
-    _, cache = model.encode(jnp.asarray(clean[:, s]), positions[:, s],
+    _, cache = _encode(model, jnp.asarray(clean[:, s]), positions[:, s],
                             jnp.ones((2, c), bool), cache)
 
 
@@ -212,7 +219,11 @@ def test_sharded_safetensors_and_bfloat16(tmp_path):
   np.testing.assert_allclose(hidden, ref["enc_hidden"], atol=TOL)
   bf16, _, _ = dg.load(target, dtype="bfloat16")
   assert bf16.embedding[...].dtype == jnp.bfloat16
-  hidden16, _ = _prefill(bf16, ref)
+  # Eager: jitted, XLA rounds bfloat16 differently, and layer 0's top-2
+  # routing of one token, a near-tie (router probabilities 0.2422 and
+  # 0.2423), flips: that token ends 1.8 off and its row's later tokens
+  # follow; the other row stays within 0.1.
+  hidden16, _ = _prefill(bf16, ref, encode=lambda m, *args: m.encode(*args))
   assert np.abs(np.asarray(hidden16, np.float32) - ref["enc_hidden"]).max() < 0.2
 
 

@@ -94,12 +94,15 @@ def test_zero_weight_batch_gives_zero_loss_and_finite_grads():
       [rows_lib.empty_row(SEQ, 0)] * 2).items()}
   loss_fn = obj.make_loss_fn(OBJ)
 
-  def total(m):
-    return loss_fn(m, **batch).primary_loss.unreduced_sum
+  @nnx.jit  # as the trainer runs it (eager, op by op, it took 30 s)
+  def loss_and_grads(m):
+    def total(m):
+      out = loss_fn(m, **batch).primary_loss
+      return out.unreduced_sum, out.denominator
+    return nnx.value_and_grad(total, has_aux=True)(m)
 
-  value, grads = nnx.value_and_grad(total)(model)
-  out = loss_fn(model, **batch)
-  assert float(value) == 0.0 and float(out.primary_loss.denominator) == 0.0
+  (value, denominator), grads = loss_and_grads(model)
+  assert float(value) == 0.0 and float(denominator) == 0.0
   assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
@@ -161,8 +164,11 @@ def test_lora_on_attention_and_mlp_trains_only_lora():
   prompt = (jnp.ones((1, 4), jnp.int32), jnp.arange(4)[None],
             jnp.ones((1, 4), bool))
   canvas = (jnp.ones((1, C), jnp.int32), jnp.arange(4, 8)[None])
-  _, plain_cache = model.encode(*prompt, cache)
-  plain = model.decode(*canvas, plain_cache)
+  # Jitted: called eagerly, the MoE model compiles op by op.
+  call = nnx.jit(lambda m, *args, method: m(*args, method=method),
+                 static_argnames="method")
+  _, plain_cache = call(model, *prompt, cache, method="encode")
+  plain = call(model, *canvas, plain_cache, method="decode")
   provider = qwix.LoraProvider(module_path=".*_proj", rank=2, alpha=4.0)
   lora = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(1),
                                   **model.get_model_input())
@@ -184,8 +190,8 @@ def test_lora_on_attention_and_mlp_trains_only_lora():
   for a, b in zip(frozen_before, frozen(lora)):
     np.testing.assert_array_equal(a, b)
   # The sampler's passes go through __call__, so they see the LoRA update.
-  _, lora_cache = lora(*prompt, lora.init_cache(1, 8), method="encode")
-  tuned = lora(*canvas, lora_cache, method="decode")
+  _, lora_cache = call(lora, *prompt, lora.init_cache(1, 8), method="encode")
+  tuned = call(lora, *canvas, lora_cache, method="decode")
   assert float(jnp.abs(tuned - plain).max()) > 1e-4
 
 
