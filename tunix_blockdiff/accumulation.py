@@ -42,15 +42,23 @@ class GradientSums(nnx.Module):
     leaves, self._treedef = jax.tree.flatten(params)
     self._dtypes = tuple(leaf.dtype for leaf in leaves)
 
-    def zeros(leaf):
-      sharding = getattr(leaf, "sharding", None)
-      if isinstance(sharding, jax.sharding.NamedSharding):
-        return jnp.zeros(leaf.shape, jnp.float32, device=sharding)
-      return jnp.zeros(leaf.shape, jnp.float32)
+    shardings = [getattr(leaf, "sharding", None) for leaf in leaves]
+    meshes = [s.mesh for s in shardings
+              if isinstance(s, jax.sharding.NamedSharding)]
+    # The counters live on the parameters' mesh (replicated), as the train
+    # step returns them: otherwise its second call compiles again.
+    scalar = (jax.sharding.NamedSharding(meshes[0], jax.sharding.PartitionSpec())
+              if meshes else None)
 
-    self.sums = nnx.List([nnx.Variable(zeros(leaf)) for leaf in leaves])
-    self.denominator = nnx.Variable(jnp.zeros((), jnp.float32))
-    self.micro_steps = nnx.Variable(jnp.zeros((), jnp.int32))
+    def zeros(shape, dtype, sharding):
+      if isinstance(sharding, jax.sharding.NamedSharding):
+        return jnp.zeros(shape, dtype, device=sharding)
+      return jnp.zeros(shape, dtype)
+
+    self.sums = nnx.List([nnx.Variable(zeros(leaf.shape, jnp.float32, s))
+                          for leaf, s in zip(leaves, shardings)])
+    self.denominator = nnx.Variable(zeros((), jnp.float32, scalar))
+    self.micro_steps = nnx.Variable(zeros((), jnp.int32, scalar))
 
   def add(self, grads: Any, denominator: jax.Array) -> None:
     """Adds the gradients of one micro-batch's summed loss."""
@@ -247,7 +255,10 @@ class ExactAccumulation:
     if self._jitted_train_step_fn is None:
       self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
       jitted_train = nnx.jit(
-          train_step, donate_argnames=("optimizer", "grad_sums")
+          _keeping_shardings(
+              train_step, self.model, self.optimizer, self.grad_sums
+          ),
+          donate_argnames=("optimizer", "grad_sums"),
       )
       jitted_eval = nnx.jit(eval_step)
 
@@ -263,6 +274,48 @@ class ExactAccumulation:
     return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
   # Token-weighted metrics (google-tunix <= 0.1.7).
+
+
+def _named_shardings(module: nnx.Module | None) -> list[Any] | None:
+  """The `NamedSharding` of each array leaf of `module`'s state, else None."""
+  if module is None:
+    return None
+  return [
+      leaf.sharding
+      if isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding)
+      else None
+      for leaf in jax.tree.leaves(nnx.state(module))
+  ]
+
+
+def _constrain(module: nnx.Module | None, shardings: list[Any] | None):
+  """Pins each array of `module`'s state to its sharding in `shardings`."""
+  if module is None or not any(s is not None for s in shardings):
+    return
+  leaves, treedef = jax.tree.flatten(nnx.state(module))
+  nnx.update(module, jax.tree.unflatten(treedef, [
+      x if s is None else jax.lax.with_sharding_constraint(x, s)
+      for x, s in zip(leaves, shardings, strict=True)
+  ]))
+
+
+def _keeping_shardings(train_step, model, optimizer, grad_sums):
+  """`train_step` whose updated states keep the shardings they came with.
+
+  Unconstrained, XLA picks the output shardings of updated parameters and
+  optimizer states (a replicated norm scale can come back split over
+  fsdp), so the next step, and every sampler and scorer program that reads
+  the parameters, compiles again for the new layout.
+  """
+  pinned = [_named_shardings(m) for m in (model, optimizer, grad_sums)]
+
+  def step(model, optimizer, grad_sums, inputs):
+    out = train_step(model, optimizer, grad_sums, inputs)
+    for module, shardings in zip((model, optimizer, grad_sums), pinned):
+      _constrain(module, shardings)
+    return out
+
+  return step
 
 
 class TokenWeightedTrainer(ExactAccumulation, peft_trainer.PeftTrainer):
