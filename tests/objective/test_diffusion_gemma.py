@@ -156,6 +156,37 @@ def test_exact_accumulation_across_unequal_micro_batches():
   assert diff(_params(accumulated), _params(one)) < 1e-3 * moved
 
 
+def test_train_steps_keep_the_shardings_of_parameters_and_state():
+  """On a mesh, updated states come back laid out as they went in.
+
+  Otherwise every later step, sampler and scorer program compiles again
+  for the layout XLA picked (a replicated norm scale split over fsdp).
+  """
+  from tunix_blockdiff.jobs import model_setup  # pylint: disable=g-import-not-at-top
+
+  mesh = jax.make_mesh((2, 1, 1), ("fsdp", "sp", "tp"),
+                       axis_types=(jax.sharding.AxisType.Auto,) * 3,
+                       devices=jax.devices()[:2])
+  model = model_setup.shard_model(_model(), mesh)
+  def same_layout(m, shardings):
+    leaves = jax.tree.leaves(nnx.state(m))
+    return all(x.sharding.is_equivalent_to(s, x.ndim)
+               for x, s in zip(leaves, shardings, strict=True))
+
+  before = [x.sharding for x in jax.tree.leaves(nnx.state(model))]
+  batch = {k: np.asarray(v) for k, v in _batch(
+      [_example([1, 2], list(range(3, 11))), _example([3], [4, 5, 6])]).items()}
+  with mesh:
+    trainer = trainer_lib.DiffusionGemmaTrainer(
+        model, optax.adam(1e-2),
+        _config(max_steps=2, gradient_accumulation_steps=2), OBJ)
+    trainer.train([batch] * 4)
+  assert same_layout(model, before)
+  replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+  for counter in (trainer.grad_sums.denominator, trainer.grad_sums.micro_steps):
+    assert counter.get_value().sharding == replicated
+
+
 def test_lora_on_attention_and_mlp_trains_only_lora():
   import qwix  # pylint: disable=g-import-not-at-top
 
