@@ -56,11 +56,13 @@ def test_generate_shapes_counts_and_determinism(model_and_sampler):
 def test_rows_finish_independently(model_and_sampler):
   model, config = model_and_sampler
   prompts = np.tile(np.arange(1, 6), (6, 1))
-  # Find, over seeds, a batch where some rows hit EOS early and others not.
+  # Find, over seeds, a batch where some rows hit EOS early and others not
+  # (one sampler: a one-shot `generate` traces its programs every call).
+  config_eos = dg.SamplerConfig(**{**config.__dict__, "eos_token_id": 7})
+  sampler = dg_rollout.DiffusionGemmaSampler(model, config_eos)
   for seed in range(40):
-    config_eos = dg.SamplerConfig(**{**config.__dict__, "eos_token_id": 7})
-    res = dg_rollout.generate(model, prompts, [5] * 6, config_eos,
-                              max_new_tokens=16, rng=jax.random.key(seed))
+    res = sampler.generate(prompts, [5] * 6, max_new_tokens=16,
+                           rng=jax.random.key(seed))
     c = model.config.canvas_length
     has_eos = (res.tokens[:, :c] == 7).any(1)
     if has_eos.any() and not has_eos.all():
