@@ -26,6 +26,7 @@ import optax
 from tunix.sft import peft_trainer
 
 from tunix_blockdiff import compat
+from tunix_blockdiff import layouts
 
 TrainingConfig = peft_trainer.TrainingConfig
 
@@ -255,7 +256,7 @@ class ExactAccumulation:
     if self._jitted_train_step_fn is None:
       self._shard_optimizer(pxla.thread_resources.env.physical_mesh)
       jitted_train = nnx.jit(
-          _keeping_shardings(
+          layouts.keeping_shardings(
               train_step, self.model, self.optimizer, self.grad_sums
           ),
           donate_argnames=("optimizer", "grad_sums"),
@@ -274,48 +275,6 @@ class ExactAccumulation:
     return self._jitted_train_step_fn, self._jitted_eval_step_fn
 
   # Token-weighted metrics (google-tunix <= 0.1.7).
-
-
-def _named_shardings(module: nnx.Module | None) -> list[Any] | None:
-  """The `NamedSharding` of each array leaf of `module`'s state, else None."""
-  if module is None:
-    return None
-  return [
-      leaf.sharding
-      if isinstance(getattr(leaf, "sharding", None), jax.sharding.NamedSharding)
-      else None
-      for leaf in jax.tree.leaves(nnx.state(module))
-  ]
-
-
-def _constrain(module: nnx.Module | None, shardings: list[Any] | None):
-  """Pins each array of `module`'s state to its sharding in `shardings`."""
-  if module is None or not any(s is not None for s in shardings):
-    return
-  leaves, treedef = jax.tree.flatten(nnx.state(module))
-  nnx.update(module, jax.tree.unflatten(treedef, [
-      x if s is None else jax.lax.with_sharding_constraint(x, s)
-      for x, s in zip(leaves, shardings, strict=True)
-  ]))
-
-
-def _keeping_shardings(train_step, model, optimizer, grad_sums):
-  """`train_step` whose updated states keep the shardings they came with.
-
-  Unconstrained, XLA picks the output shardings of updated parameters and
-  optimizer states (a replicated norm scale can come back split over
-  fsdp), so the next step, and every sampler and scorer program that reads
-  the parameters, compiles again for the new layout.
-  """
-  pinned = [_named_shardings(m) for m in (model, optimizer, grad_sums)]
-
-  def step(model, optimizer, grad_sums, inputs):
-    out = train_step(model, optimizer, grad_sums, inputs)
-    for module, shardings in zip((model, optimizer, grad_sums), pinned):
-      _constrain(module, shardings)
-    return out
-
-  return step
 
 
 class TokenWeightedTrainer(ExactAccumulation, peft_trainer.PeftTrainer):

@@ -12,7 +12,6 @@ import pytest
 from tunix.sft import peft_trainer
 
 from tunix_blockdiff import trainer as trainer_lib
-from tunix_blockdiff.data import as_examples
 from tunix_blockdiff.data.examples import DataConfig
 from tunix_blockdiff.data.examples import Example
 from tunix_blockdiff.models import diffusion_gemma as dg
