@@ -93,7 +93,7 @@ def test_zero_weight_batch_gives_zero_loss_and_finite_grads():
       [rows_lib.empty_row(SEQ, 0)] * 2).items()}
   loss_fn = obj.make_loss_fn(OBJ)
 
-  @nnx.jit  # as the trainer runs it (eager, op by op, it took 30 s)
+  @nnx.jit  # as the trainer runs it (eager, op by op, it took 28 s)
   def loss_and_grads(m):
     def total(m):
       out = loss_fn(m, **batch).primary_loss
@@ -167,6 +167,7 @@ def test_train_steps_keep_the_shardings_of_parameters_and_state():
                        axis_types=(jax.sharding.AxisType.Auto,) * 3,
                        devices=jax.devices()[:2])
   model = model_setup.shard_model(_model(), mesh)
+
   def same_layout(m, shardings):
     leaves = jax.tree.leaves(nnx.state(m))
     return all(x.sharding.is_equivalent_to(s, x.ndim)
