@@ -83,6 +83,12 @@ def parallel_verdict(model_rows: Sequence[dict], ar_row: dict) -> dict:
   >= 95% of the AR peer's edit similarity, else the one with the most
   tokens per call. Each target reports its measured value and whether it
   is reached.
+
+  `speedup_ceiling` is the AR peer's wall time over the model's
+  `steps_per_block` 1 point (when evaluated): one model call per block, the
+  fewest a block schedule can make, so no threshold schedule of that model
+  is faster on this machine (each of its blocks takes that call and maybe
+  more). It tells whether the speed target is reachable here at all.
   """
   candidates = [
       r
@@ -90,8 +96,14 @@ def parallel_verdict(model_rows: Sequence[dict], ar_row: dict) -> dict:
       if r["decoding"] == "threshold"
       and r["threshold"] >= PARALLEL_MIN_THRESHOLD
   ]
+  one_call = [r for r in model_rows if r["steps_per_block"] == 1]
+  ceiling = (
+      ar_row["wall_seconds"] / one_call[0]["wall_seconds"]
+      if one_call and one_call[0]["wall_seconds"] > 0
+      else None
+  )
   if not candidates:
-    return {"point": None, "reached": False}
+    return {"point": None, "reached": False, "speedup_ceiling": ceiling}
   ar_sim = ar_row["edit_similarity"]
 
   def kept(r):
@@ -122,6 +134,7 @@ def parallel_verdict(model_rows: Sequence[dict], ar_row: dict) -> dict:
       "point": point,
       "targets": targets,
       "reached": all(t["reached"] for t in targets.values()),
+      "speedup_ceiling": ceiling,
   }
 
 
@@ -168,7 +181,7 @@ def table(summary: dict) -> str:
     lines.append(
         f"| {r['model']} | {_label(r)} | {r['edit_similarity']:.3f} |"
         f" {r['ar_agreement']:.3f} | {r['tokens_per_call']:.2f} |"
-        f" {r['wall_seconds']:.1f} |"
+        f" {r['wall_seconds']:.2f} |"
     )
   compute = summary.get("compute") or {}
   if compute:

@@ -235,6 +235,12 @@ def test_pieces_end_to_end(corpus, tmp_path):
   assert targets["speedup_over_ar_sampler"]["measured"] == pytest.approx(2.5)
   assert [t["reached"] for t in targets.values()] == [True, True, False, True]
   assert not parallel["reached"]
+  # No steps_per_block 1 point: no ceiling. With one at 0.25 s: 1 / 0.25.
+  assert parallel["speedup_ceiling"] is None
+  one_call = dict(fast, steps_per_block=1, seconds=0.25)
+  assert _convert_report.summarize(
+      {"sft": {"points": [slow, one_call]}, "ar_peer": {"points": [ar]}}
+  )["parallel_target"]["sft"]["speedup_ceiling"] == pytest.approx(4.0)
   assert [r["decoding"] for r in summary["rows"]] == [
       "ar_greedy", "threshold", "static"
   ]
