@@ -8,9 +8,9 @@ as Tunix's examples do); decoding uses `tunix.generate.Sampler`, greedy.
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, Sequence
 
+import _timing
 import jax.numpy as jnp
 import numpy as np
 from tunix.generate import sampler as sampler_lib
@@ -143,6 +143,7 @@ def greedy_generate(
     max_prompt_length: int,
     batch_size: int,
     warmup: bool = False,
+    repeats: int = 1,
 ) -> tuple[list[list[int]], float]:
   """Greedy completions (token ids, cut at EOS) with Tunix's `Sampler`.
 
@@ -156,6 +157,8 @@ def greedy_generate(
     warmup: Decode the first batch once, untimed, with the same `Sampler`
       first (its programs are compiled per instance), so the seconds
       exclude compilation.
+    repeats: Time this many passes over every prompt and report the median
+      (greedy decoding is deterministic: the first pass's ids are returned).
 
   Returns:
     (completions, wall seconds; including compilation unless `warmup`).
@@ -185,12 +188,14 @@ def greedy_generate(
     )
     return list(result.tokens)[:real]
 
+  def one_pass():
+    out = []
+    for i in range(0, len(prompts), batch_size):
+      for tokens in decode(list(prompts[i : i + batch_size])):
+        ids = [int(t) for t in np.asarray(tokens)]
+        out.append(ids[: ids.index(eos)] if eos in ids else ids)
+    return out
+
   if warmup and prompts:
     decode(list(prompts[:batch_size]))
-  start = time.perf_counter()
-  out = []
-  for i in range(0, len(prompts), batch_size):
-    for tokens in decode(list(prompts[i : i + batch_size])):
-      ids = [int(t) for t in np.asarray(tokens)]
-      out.append(ids[: ids.index(eos)] if eos in ids else ids)
-  return out, time.perf_counter() - start
+  return _timing.median_seconds(one_pass, repeats)

@@ -17,6 +17,7 @@ import time
 from typing import Sequence
 
 import _causal_lm
+import _timing
 import numpy as np
 import omegaconf
 
@@ -89,9 +90,20 @@ def _until_eos(ids, eos: int, pad: int) -> list[int]:
 
 
 def diffusion_generate(
-    model, examples, tokenizer, config, *, batch_size, max_new_tokens
+    model,
+    examples,
+    tokenizer,
+    config,
+    *,
+    batch_size,
+    max_new_tokens,
+    repeats: int = 1,
 ):
-  """Generated ids (before EOS), tokens per call, timed seconds."""
+  """Generated ids (before EOS), tokens per call, timed seconds.
+
+  The seconds are the median of `repeats` passes over every prompt (the
+  generation is deterministic: the first pass's outputs are returned).
+  """
   prompts, lengths = data_lib.left_padded_prompts(examples, tokenizer.pad_id())
   num = len(examples)
 
@@ -105,11 +117,13 @@ def diffusion_generate(
         max_new_tokens=max_new_tokens,
     )
 
+  def one_pass():
+    return [batch(start) for start in range(0, num, batch_size)]
+
   np.asarray(batch(0).tokens)  # warm-up: compilation is not timed
-  clock = time.perf_counter()
+  results, seconds = _timing.median_seconds(one_pass, repeats)
   generated, committed, calls = [], 0, 0
-  for start in range(0, num, batch_size):
-    result = batch(start)
+  for start, result in zip(range(0, num, batch_size), results):
     tokens = np.asarray(result.tokens)
     commit_step = np.asarray(result.commit_step)
     trace_step = np.asarray(result.trace_commit_step)
@@ -119,7 +133,7 @@ def diffusion_generate(
       )
       committed += int(np.sum(commit_step[b] >= 0))
       calls += int(trace_step[b].max(initial=-1)) + 1
-  return generated, committed / max(calls, 1), time.perf_counter() - clock
+  return generated, committed / max(calls, 1), seconds
 
 
 def evaluate_converted(
@@ -174,6 +188,7 @@ def evaluate_converted(
         config,
         batch_size=sizes.eval_batch,
         max_new_tokens=COMPARED_TOKENS,
+        repeats=sizes.timed_repeats,
     )
     point = {
         kind: value,
@@ -244,7 +259,12 @@ def ar_peer(
       batch_size=sizes.eval_batch,
   )
   generated, seconds = _causal_lm.greedy_generate(
-      model, hf_tokenizer, prompts, warmup=True, **kwargs
+      model,
+      hf_tokenizer,
+      prompts,
+      warmup=True,
+      repeats=sizes.timed_repeats,
+      **kwargs,
   )
   point = {
       "tokens_per_call": 1.0,

@@ -10,11 +10,15 @@ per stage), each starting from the previous stage's output:
     RUN/sft_hf --sft ... diffusion.certainty_weight=C--> RUN/sft_kd_certainty
     RUN/sft --opd teacher.kind=hf teacher.path=RUN/ar_peer--> RUN/sft_opd
     RUN/sft_kd_certainty --opd ...--> RUN/sft_kd_certainty_opd (all three)
+    RUN/ar_peer --sft dataset.train=RUN/distilled.jsonl ...certainty...-->
+        RUN/peer_kd_certainty (the task-tuned AR model converted on its own
+        outputs)
 
 `RUN/distilled.jsonl` is `tunix-blockdiff distill-data RUN/ar_peer
 RUN/sft_train.jsonl`: the AR peer's greedy completions of the training
 prompts. Each stage's training compute is counted as steps x batch x tokens
-per row (the padded width the step runs on).
+per row (the padded width the step runs on); a chain from the AR peer counts
+the peer's causal fine-tuning as its first stage.
 """
 
 from __future__ import annotations
@@ -46,6 +50,9 @@ class Stage:
     distilled: Train on the AR peer's completions instead of the references.
     lora: LoRA instead of full fine-tuning (sft only).
     certainty: Turn on the SFT certainty term (sft only).
+    source: The Hugging Face directory under RUN a stage without a parent
+      converts: the AR base, or `ar_peer` (the AR model fine-tuned on the
+      task, which is also the distillation teacher).
   """
 
   name: str
@@ -54,11 +61,14 @@ class Stage:
   distilled: bool = False
   lora: bool = False
   certainty: bool = False
+  source: str = "ar_base"
 
 
 # The certainty term is measured on the KD stage (`sft_kd_certainty` against
-# `sft_kd`: the same rows and steps, only the term differs); the last stage
-# combines all three.
+# `sft_kd`: the same rows and steps, only the term differs);
+# `sft_kd_certainty_opd` combines all three. `peer_kd_certainty` converts the
+# teacher itself: the AR peer trained with the block-diffusion objective and
+# the certainty term on its own greedy completions (one stage, the KD budget).
 STAGES = (
     Stage("sft", "sft"),
     Stage("sft_lora", "sft", lora=True),
@@ -68,6 +78,13 @@ STAGES = (
     ),
     Stage("sft_opd", "opd", parent="sft"),
     Stage("sft_kd_certainty_opd", "opd", parent="sft_kd_certainty"),
+    Stage(
+        "peer_kd_certainty",
+        "sft",
+        distilled=True,
+        certainty=True,
+        source="ar_peer",
+    ),
 )
 
 
@@ -93,11 +110,16 @@ def row_tokens(sizes) -> int:
   return 1 + sizes.prompt_tokens + sizes.completion_tokens + 1
 
 
+def sft_steps(sizes, stage: Stage) -> int:
+  """An sft stage's steps: the KD budget on distilled rows, else sft's."""
+  return sizes.stage_steps if stage.distilled else sizes.sft_steps
+
+
 def sft_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
   """The `sft convert_code.yaml ...` arguments of an sft stage."""
-  base = run / "ar_base" if stage.parent is None else run / f"{stage.parent}_hf"
+  base = run / (stage.source if stage.parent is None else f"{stage.parent}_hf")
   data = run / (DISTILLED if stage.distilled else "sft_train.jsonl")
-  steps = sizes.sft_steps if stage.parent is None else sizes.stage_steps
+  steps = sft_steps(sizes, stage)
   args = [
       str(RECIPE),
       f"model.path={base}",
@@ -200,7 +222,7 @@ def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
   shutil.rmtree(run / stage.name, ignore_errors=True)
   if stage.command == "sft":
     seconds = run_cli(["sft", *sft_args(sizes, run, stage)], log)
-    steps = sizes.sft_steps if stage.parent is None else sizes.stage_steps
+    steps = sft_steps(sizes, stage)
     label = "sft" + "".join(
         suffix
         for suffix, on in (
@@ -221,8 +243,18 @@ def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
   return record
 
 
-def run_all(sizes, run: pathlib.Path, log, stages=STAGES) -> dict[str, Any]:
+def run_all(
+    sizes, run: pathlib.Path, log, stages=STAGES, sources=None
+) -> dict[str, Any]:
   """Runs every stage once (parents first); the compute per model.
+
+  Args:
+    sizes: The benchmark's `Sizes`.
+    run: RUN, holding `ar_base`, `ar_peer` and the jsonl files.
+    log: A one-line logger.
+    stages: The stages to run.
+    sources: Source name -> the compute record of its training (`ar_peer`:
+      its causal fine-tuning), the first record of a chain from it.
 
   Returns:
     name -> `{"stages": [records along its chain], "extra_token_slots":
@@ -243,8 +275,12 @@ def run_all(sizes, run: pathlib.Path, log, stages=STAGES) -> dict[str, Any]:
         exported.add(step.parent)
       records[step.name] = run_stage(sizes, run, step, log)
   out = {}
+  sources = sources or {}
   for stage in stages:
     steps = [records[s.name] for s in chain(stage.name, stages)]
+    first = chain(stage.name, stages)[0]
+    if first.source in sources:
+      steps = [sources[first.source], *steps]
     uses_kd = any(s.distilled for s in chain(stage.name, stages))
     out[stage.name] = {
         "stages": steps,

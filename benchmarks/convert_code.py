@@ -21,12 +21,15 @@ The script
    sequence-level KD (`distill-data RUN/ar_peer` on the train prompts,
    `export`, `sft` on those rows), the certainty term
    (`diffusion.certainty_weight`), OPD from the AR peer (`opd
-   teacher.kind=hf`), and all of them combined;
+   teacher.kind=hf`), and all of them combined; and the AR peer itself
+   converted on its own outputs (`sft model.path=RUN/ar_peer` on the
+   distilled rows, with the certainty term);
 6. evaluates on the held-out rows: the AR peer with Tunix's `Sampler`
    (greedy) against every stage with `tunix_blockdiff.generate` (a threshold
    sweep and static `steps_per_block` schedules), in this process: edit
    similarity of the first 64 tokens to the reference and to the AR peer's
-   output, tokens per model call and wall time; writes `summary.json`
+   output, tokens per model call and wall time (the median of
+   `timed_repeats` passes); writes `summary.json`
    (`"rows"`: one object per point) and `convert_code.png`.
 
     python benchmarks/convert_code.py                 # the README table
@@ -84,7 +87,7 @@ class Sizes:
   sft_steps: int = 300
   sft_batch: int = 16
   lora_lr: float = 3e-3
-  stage_steps: int = 150  # each sft stage after the first (KD, certainty)
+  stage_steps: int = 600  # each KD sft stage (on the AR peer's outputs)
   certainty_weight: float = 0.5
   certainty_temperature: float = 1.0
   opd_steps: int = 40
@@ -95,6 +98,7 @@ class Sizes:
   thresholds: tuple[float, ...] = (0.5, 0.7, 0.9)
   steps_per_block: tuple[int, ...] = (1, 2)
   eval_batch: int = 32
+  timed_repeats: int = 3  # wall time: the median of this many passes
   eval_fraction: float = 0.15
   seed: int = 0
 
@@ -124,6 +128,7 @@ QUICK = Sizes(
     thresholds=(0.9,),
     steps_per_block=(2,),
     eval_batch=4,
+    timed_repeats=1,
 )
 
 
@@ -233,6 +238,12 @@ def _parser() -> argparse.ArgumentParser:
       default=None,
       help="use only the first N modules (smoke runs)",
   )
+  parser.add_argument(
+      "--stage-steps",
+      type=int,
+      default=None,
+      help="steps of each sft stage after the first (default: Sizes)",
+  )
   return parser
 
 
@@ -279,6 +290,10 @@ def write_rows(sizes: Sizes, tokenizer, files, out: pathlib.Path, root):
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   sizes = QUICK if args.quick else Sizes()
+  if args.stage_steps is not None:
+    if args.stage_steps < 1:
+      raise SystemExit(f"--stage-steps must be >= 1, got {args.stage_steps}")
+    sizes = dataclasses.replace(sizes, stage_steps=args.stage_steps)
   out = pathlib.Path(args.out).expanduser().resolve()
   out.mkdir(parents=True, exist_ok=True)
   clock = time.perf_counter()
@@ -331,7 +346,17 @@ def main(argv=None) -> int:
   }
   ar_generated = results["ar_peer"].pop("generated")
   stages = [s for s in _convert_stages.STAGES if s.name in sizes.stages]
-  compute = _convert_stages.run_all(sizes, out, log, stages)
+  peer = results["ar_peer"]
+  peer_training = _convert_stages.compute(
+      "ar_peer (causal)",
+      peer["steps"],
+      peer["batch_size"],
+      _convert_stages.row_tokens(sizes),
+      peer["train_seconds"],
+  )
+  compute = _convert_stages.run_all(
+      sizes, out, log, stages, sources={"ar_peer": peer_training}
+  )
   for stage in stages:
     results[stage.name] = _convert_eval.evaluate_converted(
         out / stage.name,

@@ -36,7 +36,6 @@ import time
 
 from flax import nnx
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from tunix.models.qwen3 import model as qwen3_lib

@@ -24,7 +24,6 @@ import pathlib
 import shutil
 import sys
 
-from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common

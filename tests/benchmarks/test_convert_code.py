@@ -7,6 +7,7 @@ tiny model, so the benchmark cannot rot. (The `tunix-blockdiff sft` step it
 runs is the sft job, tested with dataset files in tests/jobs.)
 """
 
+import dataclasses
 import json
 import pathlib
 import shutil
@@ -289,9 +290,13 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
   """`--quick --corpus DIR`: every stage end to end; the rows' schema."""
   corpus = _write_package(tmp_path / "mylib")
   out = tmp_path / "run"
-  assert convert_code.main(
-      ["--quick", "--corpus", str(corpus), "--out", str(out)]
-  ) == 0
+  with pytest.raises(SystemExit, match="--stage-steps must be >= 1"):
+    convert_code.main(["--quick", "--stage-steps", "0", "--out", str(out)])
+  # --stage-steps overrides the KD stages' steps (QUICK has 2).
+  assert convert_code.main([
+      "--quick", "--corpus", str(corpus), "--out", str(out),
+      "--stage-steps", "3",
+  ]) == 0
   summary = json.loads((out / "summary.json").read_text())
   assert summary["corpus"] == {"name": "mylib", "root": str(corpus)}
   rows = summary["rows"]
@@ -299,7 +304,8 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
   (ar,) = [r for r in rows if r["model"] == "ar_peer"]
   assert ar["decoding"] == "ar_greedy" and ar["ar_agreement"] == 1.0
   assert ar["threshold"] is None and ar["steps_per_block"] is None
-  sizes = convert_code.QUICK
+  sizes = dataclasses.replace(convert_code.QUICK, stage_steps=3)
+  assert summary["sizes"]["stage_steps"] == 3
   models = {r["model"] for r in rows} - {"ar_peer"}
   assert models == set(sizes.stages)
   assert {"sft_kd", "sft_kd_certainty", "sft_opd"} <= models
@@ -325,4 +331,13 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
       * (sizes.prompt_tokens + sizes.completion_tokens + 2)
   )
   assert compute["sft_kd"]["distill_token_slots"] > 0
+  # The AR peer converted on its own outputs: its causal fine-tuning is the
+  # chain's first stage, the KD stage the extra.
+  peer = compute["peer_kd_certainty"]
+  assert [s["stage"] for s in peer["stages"]] == [
+      "ar_peer (causal)", "sft+kd+certainty"
+  ]
+  assert peer["extra_token_slots"] == compute["sft_kd"]["extra_token_slots"]
+  recipe = (out / "peer_kd_certainty" / "recipe.yaml").read_text()
+  assert str(out / "ar_peer") in recipe
   assert (out / "convert_code.png").stat().st_size > 1000
