@@ -59,13 +59,7 @@ concat_outputs = output_lib.concat_outputs
 def completions(tokens: np.ndarray, eos_id: int | None,
                 tokenizer) -> tuple[list[np.ndarray], list[str]]:
   """Each row of `tokens` [B, T] cut before its first EOS, and its text."""
-  out_tokens, texts = [], []
-  for row in np.asarray(tokens):
-    is_eos = row == eos_id
-    end = int(np.argmax(is_eos)) if is_eos.any() else row.shape[0]
-    out_tokens.append(row[:end])
-    texts.append(tokenizer.decode(row[:end].tolist()))
-  return out_tokens, texts
+  return engine_common.completions(tokens, eos_id, tokenizer)[:2]
 
 
 class DiffusionGemmaRollout(

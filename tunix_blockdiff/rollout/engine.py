@@ -235,15 +235,12 @@ class BlockDiffusionRollout(
         prompt_tokens,
         lengths,
     )
-    tokens = np.asarray(result.tokens)
-    logprobs = np.asarray(result.logprobs)
-    out_tokens, out_logprobs, texts = [], [], []
-    for row, row_logprobs in zip(tokens, logprobs):
-      is_eos = row == config.eos_token_id
-      end = int(np.argmax(is_eos)) if is_eos.any() else row.shape[0]
-      out_tokens.append(row[:end])
-      out_logprobs.append(row_logprobs[:end])
-      texts.append(self._tokenizer.decode(row[:end].tolist()))
+    out_tokens, texts, (out_logprobs,) = engine_common.completions(
+        np.asarray(result.tokens),
+        config.eos_token_id,
+        self._tokenizer,
+        np.asarray(result.logprobs),
+    )
     output = BlockDiffusionRolloutOutput(
         text=texts,
         logits=[],

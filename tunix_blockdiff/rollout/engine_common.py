@@ -12,6 +12,7 @@ Shared by `BlockDiffusionRollout` and `DiffusionGemmaRollout` (each sets
   engine's own outputs here to keep it.
 - The `BaseRollout` accessors (`update_params`, `pad_id`, `model`,
   `tokenizer`).
+- `completions`: generated rows cut before their first EOS, and their text.
 """
 
 from __future__ import annotations
@@ -27,6 +28,31 @@ from tunix.generate import tokenizer_adapter
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff.rollout import weights
+
+
+def completions(
+    tokens: np.ndarray, eos_id: int | None, tokenizer, *aligned: np.ndarray
+) -> tuple[list[np.ndarray], list[str], list[list[np.ndarray]]]:
+  """Each row of `tokens` [B, T] cut before its first EOS, and its text.
+
+  Args:
+    tokens: int [B, T] generated tokens.
+    eos_id: The EOS id (None: no row is cut).
+    tokenizer: Decodes a row's ids (`decode(list[int]) -> str`).
+    *aligned: Arrays [B, T, ...] (log-probs, say) cut like `tokens`.
+
+  Returns:
+    (rows of `tokens` cut, their texts, per `aligned` array its rows cut).
+  """
+  out_tokens, texts, out_aligned = [], [], [[] for _ in aligned]
+  for b, row in enumerate(np.asarray(tokens)):
+    is_eos = row == eos_id
+    end = int(np.argmax(is_eos)) if is_eos.any() else row.shape[0]
+    out_tokens.append(row[:end])
+    texts.append(tokenizer.decode(row[:end].tolist()))
+    for out, array in zip(out_aligned, aligned):
+      out.append(np.asarray(array[b])[:end])
+  return out_tokens, texts, out_aligned
 
 
 class RolloutEngineMixin:
