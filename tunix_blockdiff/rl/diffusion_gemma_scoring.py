@@ -173,9 +173,6 @@ class SequenceScorer:
     """float32 [B] log P of each row's trajectories under `model`."""
     check_inputs(model, jnp.asarray(prompt_tokens),
                  jnp.asarray(prompt_valid), trace)
-    if not distributed.shards_rows(self.mesh):
-      return self._score(nnx.state(model), jnp.asarray(prompt_tokens),
-                         jnp.asarray(prompt_valid, bool), trace)
     leaves, treedef = jax.tree.flatten(trace)
     state = nnx.state(model)
     return jnp.asarray(distributed.call_sharded(
