@@ -277,11 +277,11 @@ def run_all(
   out = {}
   sources = sources or {}
   for stage in stages:
-    steps = [records[s.name] for s in chain(stage.name, stages)]
-    first = chain(stage.name, stages)[0]
-    if first.source in sources:
-      steps = [sources[first.source], *steps]
-    uses_kd = any(s.distilled for s in chain(stage.name, stages))
+    path = chain(stage.name, stages)
+    steps = [records[s.name] for s in path]
+    if path[0].source in sources:
+      steps = [sources[path[0].source], *steps]
+    uses_kd = any(s.distilled for s in path)
     out[stage.name] = {
         "stages": steps,
         "extra_token_slots": sum(s["token_slots"] for s in steps[1:]),

@@ -23,6 +23,7 @@ import _causal_lm  # noqa: E402  pylint: disable=g-import-not-at-top
 import _code_corpus  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_eval  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_report  # noqa: E402  pylint: disable=g-import-not-at-top
+import _timing  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from tunix_blockdiff.models import checkpoints  # noqa: E402
@@ -49,6 +50,20 @@ class A:
 def only_doc():
   """Nothing else."""
 '''
+
+
+def test_median_seconds_returns_the_first_output_and_the_median():
+  calls = []
+
+  def run():
+    calls.append(len(calls))
+    return np.asarray([len(calls)])
+
+  first, seconds = _timing.median_seconds(run, 3)
+  assert calls == [0, 1, 2] and first.tolist() == [1]
+  assert seconds >= 0.0
+  with pytest.raises(ValueError, match="repeats must be >= 1"):
+    _timing.median_seconds(run, 0)
 
 
 def test_function_pairs_split_signature_docstring_and_body():
