@@ -242,7 +242,7 @@ def _parser() -> argparse.ArgumentParser:
       "--stage-steps",
       type=int,
       default=None,
-      help="steps of each sft stage after the first (default: Sizes)",
+      help="steps of each KD sft stage, on the distilled rows (default: Sizes)",
   )
   return parser
 
