@@ -12,8 +12,6 @@ import subprocess
 import sys
 import time
 
-import hypothesis
-from hypothesis import strategies as st
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
@@ -387,46 +385,3 @@ def test_launch_usage_errors():
     )
   args = launch.parse_args(["--processes", "2", "--", "sft", "a=1"])
   assert args.command == ["sft", "a=1"] and args.devices_per_process is None
-
-
-@hypothesis.given(
-    rows=st.integers(1, 20), fsdp=st.sampled_from([1, 2, 4, 8])
-)
-def test_call_sharded_equals_the_unsharded_call(rows, fsdp):
-  mesh = distributed.build_mesh({"fsdp": fsdp, "tp": 8 // fsdp})
-  x = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
-  lengths = np.arange(rows, dtype=np.int32)
-
-  def fn(x, lengths):
-    # Rows of the padded global batch are placed over fsdp.
-    assert x.shape[0] % fsdp == 0
-    return {"y": x * 2 + lengths[:, None], "total": jax.numpy.sum(lengths)}
-
-  out = distributed.call_sharded(fn, mesh, x, lengths)
-  np.testing.assert_array_equal(out["y"], x * 2 + lengths[:, None])
-  assert isinstance(out["y"], np.ndarray) and out["y"].shape == (rows, 3)
-  # Non-row outputs come back whole (here: over the padded batch, whose
-  # padding repeats the last row).
-  padded = -(-rows // fsdp) * fsdp
-  assert int(out["total"]) == lengths.sum() + (padded - rows) * (rows - 1)
-
-
-def test_call_sharded_without_a_mesh_is_the_plain_call():
-  fn = lambda x: x + 1
-  assert distributed.call_sharded(fn, None, 1) == 2
-  with pytest.raises(ValueError, match="same number of rows"):
-    distributed.call_sharded(
-        fn, distributed.build_mesh({"fsdp": 8}), np.zeros(3), np.zeros(4)
-    )
-
-
-def test_globalize_places_rows_over_fsdp_where_they_divide():
-  mesh = distributed.build_mesh({"fsdp": 4, "tp": 2})
-  tree = {"a": np.ones((8, 2)), "b": np.ones((3,)), "c": np.float32(1), "d": None}
-  out = distributed.globalize(tree, mesh)
-  spec = jax.sharding.PartitionSpec
-  assert out["a"].sharding.spec == spec("fsdp")
-  assert out["b"].sharding.spec == spec()  # 3 rows do not divide over 4
-  assert out["c"].sharding.spec == spec() and out["d"] is None
-  np.testing.assert_array_equal(distributed.gather(out["a"]), tree["a"])
-  assert distributed.globalize(tree, None) is tree
