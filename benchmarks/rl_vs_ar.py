@@ -42,7 +42,7 @@ import numpy as np
 
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl as rl_job
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
   sft_dir, sft_summary = (
       (pathlib.Path(cfg.init.checkpoint), {})
       if cfg.init.checkpoint
-      else rl_common.sft_warm_start(cfg.init, out)
+      else rl_policy.sft_warm_start(cfg.init, out)
   )
   timings = {"bd_warm_start_seconds": clock()}
   results: dict[str, dict[str, Any]] = {}

@@ -215,20 +215,24 @@ def local_device_flags(num_devices: int) -> str:
 
 
 __all__ = [
-    "DISTRIBUTED_KEYS",
-    "GlobalBatches",
-    "MESH_AXES",
+    "BATCH_AXIS",
     "batch_sharding",
     "build_mesh",
     "call_sharded",
     "check_cp_size",
+    "DISTRIBUTED_KEYS",
     "gather",
     "global_batch",
+    "GlobalBatches",
     "globalize",
     "initialize",
     "is_main_process",
     "local_device_flags",
+    "MESH_AXES",
     "mesh_shape",
+    "pad_rows",
     "process_rows",
+    "row_multiple",
+    "SEQUENCE_AXIS",
     "shards_rows",
 ]

@@ -25,6 +25,7 @@ from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import hf_teacher
 from tunix_blockdiff.jobs import opd as opd_job
 from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
@@ -248,7 +249,7 @@ def test_opd_refuses_a_mismatched_teacher_before_compute(
   def no_compute(*unused_args, **unused_kwargs):
     raise AssertionError("the student was loaded before the check")
 
-  monkeypatch.setattr(rl_common, "load_policy", no_compute)
+  monkeypatch.setattr(rl_policy, "load_policy", no_compute)
   with pytest.raises(errors.UsageError, match="eos id 5 differs"):
     opd_job.main(
         _opd_args(untrained_policy, tmp_path / "run", f"teacher.path={path}")

@@ -14,7 +14,7 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 
 RUN = [
     "opd",
@@ -40,7 +40,7 @@ RUN = [
 
 
 def _params(directory):
-  return kill_resume.params(rl_common.load_sft_policy(directory)[0])
+  return kill_resume.params(rl_policy.load_sft_policy(directory)[0])
 
 
 def test_killed_opd_resumes_to_the_uninterrupted_result(

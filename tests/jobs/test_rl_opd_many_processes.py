@@ -26,6 +26,7 @@ from tunix_blockdiff import cli
 from tunix_blockdiff.jobs import launch
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 
 TINY_MODEL = {
     "num_layers": 1,
@@ -176,4 +177,4 @@ def test_rl_mesh_rules():
 def test_a_model_that_does_not_divide_over_tp_is_refused(policy):
   mesh = rl_common.rl_mesh({"fsdp": 4, "tp": 2})
   with pytest.raises(ValueError, match=r"k_proj.*mesh.tp=2.*not a multiple"):
-    rl_common.load_sft_policy(policy, mesh)  # 1 KV head over tp=2
+    rl_policy.load_sft_policy(policy, mesh)  # 1 KV head over tp=2

@@ -13,7 +13,7 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 
 # Rewards that differ between rollouts (an untrained policy's exact match is
 # 0 everywhere, which would give GRPO no gradient to compare).
@@ -67,7 +67,7 @@ def reward_module(tmp_path, monkeypatch):
 
 
 def _params(directory):
-  return kill_resume.params(rl_common.load_sft_policy(directory)[0])
+  return kill_resume.params(rl_policy.load_sft_policy(directory)[0])
 
 
 def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
@@ -105,7 +105,7 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
   assert (opd_run / "policy" / "recipe.yaml").is_file()
   assert cli.main(["generate", str(opd_run), "color=false", "max_new_tokens=4"]) == 0
   assert (opd_run / "policy" / "generate.json").is_file()
-  model, _ = rl_common.load_sft_policy(opd_run)
+  model, _ = rl_policy.load_sft_policy(opd_run)
   assert model is not None
 
 

@@ -44,6 +44,7 @@ from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import hf_teacher
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
@@ -186,10 +187,10 @@ def run(cfg) -> dict[str, Any]:
   if kind == "hf":  # The tokenizers agree before anything runs.
     hf_teacher.check_student(
         cfg.teacher,
-        rl_common.policy_recipe(cfg.student, out, cfg.get("mesh")),
+        rl_policy.policy_recipe(cfg.student, out, cfg.get("mesh")),
     )
   mesh = rl_common.rl_mesh(cfg.get("mesh"))
-  student, sft_cfg, sft_summary = rl_common.load_policy(
+  student, sft_cfg, sft_summary = rl_policy.load_policy(
       cfg.student, out, mesh, cfg.get("mesh")
   )
   tokenizer = common.build_tokenizer(sft_cfg.tokenizer, sft_cfg.model)

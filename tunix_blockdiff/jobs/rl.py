@@ -38,6 +38,7 @@ from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
@@ -112,7 +113,7 @@ def run(cfg) -> dict[str, Any]:
   )
   resume = rl_checkpoints.load_resume(out) if every else None
   mesh = rl_common.rl_mesh(cfg.get("mesh"))
-  policy, sft_cfg, sft_summary = rl_common.load_policy(
+  policy, sft_cfg, sft_summary = rl_policy.load_policy(
       cfg.init, out, mesh, cfg.get("mesh")
   )
   warm_start_seconds = clock()
