@@ -68,3 +68,39 @@ def test_modules_without_a_mesh_are_left_alone():
   kept = layouts.keeping_shardings(step, model, None, None)
   nnx.jit(kept)(model, None, None, jnp.float32(1.0))
   np.testing.assert_array_equal(model.w.get_value(), [1.0, 2.0, 3.0])
+
+
+def _lowered(module):
+  return jax.jit(lambda s: jax.tree.map(lambda x: x * 2, s)).lower(
+      nnx.state(module)).as_text()
+
+
+def test_a_fresh_state_is_committed_like_a_restored_one(tmp_path):
+  """A fresh state compiles the program a checkpoint-restored state does."""
+  from tunix.sft import checkpoint_manager  # pylint: disable=g-import-not-at-top
+
+  manager = checkpoint_manager.CheckpointManager(str(tmp_path))
+  manager.save(1, _Scale(jnp.arange(4.0)), force=True)
+  manager.close()
+  restored = _Scale(jnp.zeros((4,)))
+  manager = checkpoint_manager.CheckpointManager(str(tmp_path))
+  assert manager.maybe_restore(restored)[0] == 1
+  manager.close()
+  fresh = _Scale(jnp.arange(4.0))
+  # Uncommitted and committed arrays lower to different programs.
+  assert _lowered(fresh) != _lowered(restored)
+  layouts.commit_to_one_device(fresh, None)
+  assert _lowered(fresh) == _lowered(restored)
+  np.testing.assert_array_equal(fresh.w.get_value(), np.arange(4.0))
+  assert fresh.w.get_value().devices() == {jax.local_devices()[0]}
+
+
+def test_committing_leaves_mesh_states_and_non_arrays_alone():
+  mesh = _mesh()
+  split = jax.sharding.NamedSharding(mesh, P("fsdp"))
+  placed = _Scale(jax.device_put(jnp.ones((4,)), split))
+  layouts.commit_to_one_device(placed)
+  assert placed.w.get_value().sharding == split
+  counter = _Scale(3)
+  layouts.commit_to_one_device(counter)
+  assert counter.w.get_value() == 3 and isinstance(counter.w.get_value(), int)

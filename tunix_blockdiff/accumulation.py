@@ -313,6 +313,8 @@ class TokenWeightedTrainer(ExactAccumulation, peft_trainer.PeftTrainer):
         model, optimizer, base_config, metrics_logger=metrics_logger, **kwargs
     )
     self._setup_accumulation(training_config, accumulation)
+    # The restored or fresh state, placed alike (one compile of each step).
+    layouts.commit_to_one_device(self.model, self.optimizer, self.grad_sums)
 
   # The exact-accumulation train step (google-tunix <= 0.1.7).
 

@@ -6,7 +6,9 @@ replicated norm scale can come back split over fsdp), and every program
 that reads them next (the next train step, a sampler, a scorer) compiles
 again for it. `keeping_shardings` wraps a train step so that each array of
 its modules' states leaves with the `NamedSharding` it had when the step was
-built.
+built. Without a mesh, `commit_to_one_device` gives a fresh state the
+placement a checkpoint restore gives (committed arrays), so a fresh and a
+resumed run compile the same programs.
 """
 
 from __future__ import annotations
@@ -36,6 +38,31 @@ def named_shardings(module: nnx.Module | None) -> list[Any] | None:
       else None
       for leaf in jax.tree.leaves(nnx.state(module))
   ]
+
+
+def commit_to_one_device(*modules: nnx.Module | None) -> None:
+  """Commits the arrays of each unsharded module to the first local device.
+
+  A checkpoint restore returns committed arrays and a freshly built or
+  initialised state has uncommitted ones; JAX compiles a different program
+  for each (committed arguments carry a sharding annotation), and a step
+  fed both kinds compiles again once its outputs come back committed.
+  Committing every unsharded state up front gives a fresh run, a resumed
+  run and `generate` on either the same programs, so the persistent
+  compilation cache serves the later ones. Modules with a `NamedSharding`
+  leaf (placed on a mesh) and non-array leaves are left alone; arrays
+  already on the device are not copied.
+
+  Args:
+    *modules: nnx modules (or None), updated in place.
+  """
+  device = jax.local_devices()[0]
+  for module in modules:
+    if module is None or any(s is not None for s in named_shardings(module)):
+      continue
+    nnx.update(module, jax.tree.map(
+        lambda x: jax.device_put(x, device) if isinstance(x, jax.Array) else x,
+        nnx.state(module)))
 
 
 def constrain(module: nnx.Module | None, shardings: list[Any] | None):

@@ -13,6 +13,7 @@ from flax import nnx
 import jax
 import numpy as np
 
+from tunix_blockdiff import layouts
 from tunix_blockdiff import models as models_lib
 
 
@@ -53,11 +54,15 @@ def check_model_fits_mesh(model, mesh: jax.sharding.Mesh) -> None:
 def shard_model(model, mesh: jax.sharding.Mesh | None):
   """Places the parameters by the model's own partition specs (Tunix rules).
 
+  Without a mesh, commits them to the first device, where a checkpoint
+  restore would put them (`layouts.commit_to_one_device`).
+
   Raises:
     ValueError: A parameter does not divide over its mesh axes
       (`check_model_fits_mesh`).
   """
   if mesh is None:
+    layouts.commit_to_one_device(model)
     return model
   from tunix.rl import reshard  # pylint: disable=g-import-not-at-top
 
