@@ -1,0 +1,108 @@
+"""Where the test suite's time goes: a pytest plugin and its summary.
+
+Run the suite with it (each xdist worker appends one JSON line per test to
+`$SUITE_PROFILE_DIR/<worker>.jsonl`):
+
+  SUITE_PROFILE_DIR=/tmp/prof PYTHONPATH=tools pytest -n 2 -p suite_profile
+
+then summarise:
+
+  python tools/suite_profile.py /tmp/prof
+
+Per test it records the wall time, the worker's own CPU, the CPU of the
+processes the test waited for (jobs under `launch`, notebook kernels), and
+JAX's compile-stage durations in the worker (`jax.monitoring`: tracing,
+lowering to StableHLO, XLA backend compilation). Tunix's metrics logger
+clears JAX's listeners, so the listener is re-added before every test and
+the clearing is disabled while the plugin runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+import sys
+import time
+
+import pytest
+
+_TOTALS: collections.Counter = collections.Counter()
+_STAGES = {
+    "trace": "/jax/core/compile/jaxpr_trace_duration",
+    "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "compile": "/jax/core/compile/backend_compile_duration",
+}
+
+
+def _listen(event: str, duration: float, **kwargs) -> None:
+  del kwargs
+  _TOTALS[event] += duration
+
+
+def _install() -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  from jax._src import monitoring  # pylint: disable=g-import-not-at-top
+
+  jax.monitoring.clear_event_listeners = lambda: None
+  monitoring.clear_event_listeners = lambda: None
+  if _listen not in monitoring._event_duration_secs_listeners:  # pylint: disable=protected-access
+    monitoring._event_duration_secs_listeners.append(_listen)  # pylint: disable=protected-access
+
+
+def _cpu(times: os.times_result) -> tuple[float, float]:
+  return (times.user + times.system,
+          times.children_user + times.children_system)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
+  """Times one test (hookwrapper); see the module docstring."""
+  _install()
+  start, before = time.time(), dict(_TOTALS)
+  own, children = _cpu(os.times())
+  yield
+  own_after, children_after = _cpu(os.times())
+  record = {
+      "id": item.nodeid,
+      "wall": round(time.time() - start, 3),
+      "cpu": round(own_after - own, 3),
+      "children_cpu": round(children_after - children, 3),
+      **{stage: round(_TOTALS[event] - before.get(event, 0.0), 3)
+         for stage, event in _STAGES.items()},
+  }
+  directory = pathlib.Path(os.environ.get("SUITE_PROFILE_DIR", "suite_profile"))
+  directory.mkdir(parents=True, exist_ok=True)
+  worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+  with open(directory / f"{worker}.jsonl", "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+
+def summarize(directory: str | os.PathLike, slowest: int = 10) -> str:
+  """Totals over every test, and the slowest tests, as text."""
+  records = [
+      json.loads(line)
+      for path in sorted(pathlib.Path(directory).glob("*.jsonl"))
+      for line in path.read_text(encoding="utf-8").splitlines()
+  ]
+  if not records:
+    raise ValueError(f"no *.jsonl records under {directory}")
+  total = {key: sum(r[key] for r in records)
+           for key in ("wall", "cpu", "children_cpu", *_STAGES)}
+  lines = [
+      f"{len(records)} tests, {total['wall']:.0f} s of test time;"
+      f" launched processes' CPU {total['children_cpu']:.0f} s;"
+      f" in-process tracing {total['trace']:.0f} s, lowering"
+      f" {total['lower']:.0f} s, XLA compilation {total['compile']:.0f} s",
+  ]
+  for record in sorted(records, key=lambda r: -r["wall"])[:slowest]:
+    lines.append(f"{record['wall']:8.1f} s  {record['id']}")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  if len(sys.argv) != 2:
+    sys.exit("usage: python tools/suite_profile.py SUITE_PROFILE_DIR")
+  print(summarize(sys.argv[1]))
