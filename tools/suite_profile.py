@@ -79,7 +79,6 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
     f.write(json.dumps(record) + "\n")
 
 
-
 def summarize(directory: str | os.PathLike, slowest: int = 10) -> str:
   """Totals over every test, and the slowest tests, as text."""
   records = [
@@ -93,7 +92,7 @@ def summarize(directory: str | os.PathLike, slowest: int = 10) -> str:
            for key in ("wall", "cpu", "children_cpu", *_STAGES)}
   lines = [
       f"{len(records)} tests, {total['wall']:.0f} s of test time;"
-      f" launched processes' CPU {total['children_cpu']:.0f} s;"
+      f" the workers' CPU {total['cpu']:.0f} s; launched processes' CPU {total['children_cpu']:.0f} s;"
       f" in-process tracing {total['trace']:.0f} s, lowering"
       f" {total['lower']:.0f} s, XLA compilation {total['compile']:.0f} s",
   ]
