@@ -1,14 +1,20 @@
 """Shared test setup (set before JAX is imported).
 
 - 8 simulated CPU devices, compiled at a cheaper CPU optimisation level.
-- A persistent JAX compilation cache shared by the xdist workers of one test
-  run and by the processes they launch (jobs under `launch`, killed and
-  resumed runs, notebook kernels): on CPU most of a tiny end-to-end test is
-  XLA compilation, and many tests compile the same programs (the same tiny
-  recipes, a killed run and its resumption, the single-process references
-  of the multi-process tests). (An earlier note here blamed the cache for a
-  two-process gloo hang; the cause was OPD's eager, op-by-op divergence
-  over the mesh, fixed in `rl/opd.py`.)
+- A persistent JAX compilation cache shared by the xdist workers, by the
+  processes they launch (jobs under `launch`, killed and resumed runs,
+  notebook kernels) and by later runs on the same machine: on CPU most of a
+  tiny end-to-end test is XLA compilation, and many tests compile the same
+  programs (the same tiny recipes, a killed run and its resumption, the
+  single-process references of the multi-process tests), as does every
+  rerun. `TUNIX_BLOCKDIFF_TEST_CACHE` picks it: unset, a lasting directory
+  under `~/.cache` (entries unused for 14 days are pruned); `per-run`, a
+  fresh one per test run (what a new machine sees); any other value, that
+  directory. An explicit `JAX_COMPILATION_CACHE_DIR` wins over all three.
+  JAX keys each entry by the program, the jaxlib version and the XLA flags,
+  so an entry is never reused for another program or setting. (An earlier
+  note here blamed the cache for a two-process gloo hang; the cause was
+  OPD's eager, op-by-op divergence over the mesh, fixed in `rl/opd.py`.)
 """
 
 import os
@@ -34,24 +40,55 @@ os.environ.setdefault(
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 CACHE_PREFIX = "tunix_blockdiff_test_jax_cache_"
+CACHE_ENV = "TUNIX_BLOCKDIFF_TEST_CACHE"
+LASTING_CACHE_DAYS = 14
+
+
+def _prune(directory: str, max_age_days: float) -> None:
+  """Removes cache entries not written or read for `max_age_days`."""
+  cutoff = time.time() - max_age_days * 86400
+  for entry in os.scandir(directory):
+    try:
+      stat = entry.stat()
+      if max(stat.st_mtime, stat.st_atime) < cutoff:
+        if entry.is_dir():
+          shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+          os.remove(entry.path)
+    except OSError:
+      pass
 
 
 def _compilation_cache_dir() -> str:
-  """One directory per test run (xdist's run id), older ones removed."""
-  root = tempfile.gettempdir()
-  for name in os.listdir(root):
-    path = os.path.join(root, name)
-    if name.startswith(CACHE_PREFIX) and time.time() - os.path.getmtime(
-        path) > 6 * 3600:
-      shutil.rmtree(path, ignore_errors=True)
-  run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
-  return os.path.join(root, CACHE_PREFIX + run)
+  """The test run's JAX compilation cache directory (see module docstring)."""
+  choice = os.environ.get(CACHE_ENV, "")
+  if choice == "per-run":
+    # One directory per test run (xdist's run id), ones older than 6 h
+    # removed.
+    root = tempfile.gettempdir()
+    for name in os.listdir(root):
+      path = os.path.join(root, name)
+      if name.startswith(CACHE_PREFIX) and time.time() - os.path.getmtime(
+          path) > 6 * 3600:
+        shutil.rmtree(path, ignore_errors=True)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
+    return os.path.join(root, CACHE_PREFIX + run)
+  if choice:
+    return os.path.abspath(os.path.expanduser(choice))
+  cache_home = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser(
+      "~/.cache")
+  directory = os.path.join(cache_home, "tunix_blockdiff", "test_jax_cache")
+  os.makedirs(directory, exist_ok=True)
+  if "PYTEST_XDIST_WORKER" not in os.environ:  # once per run, not per worker
+    _prune(directory, LASTING_CACHE_DAYS)
+  return directory
 
 
 import jax  # noqa: E402
 
 # Through the environment, so the processes the tests launch use it too.
-os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _compilation_cache_dir())
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _compilation_cache_dir()
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 jax.config.update("jax_compilation_cache_dir",
                   os.environ["JAX_COMPILATION_CACHE_DIR"])
