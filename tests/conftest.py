@@ -89,7 +89,14 @@ import jax  # noqa: E402
 # Through the environment, so the processes the tests launch use it too.
 if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
   os.environ["JAX_COMPILATION_CACHE_DIR"] = _compilation_cache_dir()
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+# A per-run cache keeps programs that took >= 0.2 s to compile (the small
+# ones seldom repeat within a run); a lasting one keeps every program, since
+# a rerun repeats them all (reading one back takes ~20 ms, compiling a small
+# one 15-90 ms).
+os.environ.setdefault(
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS",
+    "0.2" if os.environ.get(CACHE_ENV) == "per-run" else "0",
+)
 jax.config.update("jax_compilation_cache_dir",
                   os.environ["JAX_COMPILATION_CACHE_DIR"])
 jax.config.update("jax_persistent_cache_min_compile_time_secs",
