@@ -44,13 +44,14 @@ CACHE_ENV = "TUNIX_BLOCKDIFF_TEST_CACHE"
 LASTING_CACHE_DAYS = 14
 
 
-def _prune(directory: str, max_age_days: float) -> None:
-  """Removes cache entries not written or read for `max_age_days`."""
-  cutoff = time.time() - max_age_days * 86400
+def _prune(directory: str, max_age_seconds: float, prefix: str = "") -> None:
+  """Removes entries of `directory` (named `prefix...`) unused for the age."""
+  cutoff = time.time() - max_age_seconds
   for entry in os.scandir(directory):
     try:
       stat = entry.stat()
-      if max(stat.st_mtime, stat.st_atime) < cutoff:
+      if entry.name.startswith(prefix) and max(stat.st_mtime,
+                                               stat.st_atime) < cutoff:
         if entry.is_dir():
           shutil.rmtree(entry.path, ignore_errors=True)
         else:
@@ -63,14 +64,9 @@ def _compilation_cache_dir() -> str:
   """The test run's JAX compilation cache directory (see module docstring)."""
   choice = os.environ.get(CACHE_ENV, "")
   if choice == "per-run":
-    # One directory per test run (xdist's run id), ones older than 6 h
-    # removed.
+    # One directory per test run (xdist's run id); ones unused for 6 h go.
     root = tempfile.gettempdir()
-    for name in os.listdir(root):
-      path = os.path.join(root, name)
-      if name.startswith(CACHE_PREFIX) and time.time() - os.path.getmtime(
-          path) > 6 * 3600:
-        shutil.rmtree(path, ignore_errors=True)
+    _prune(root, 6 * 3600, prefix=CACHE_PREFIX)
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"pid{os.getpid()}"
     return os.path.join(root, CACHE_PREFIX + run)
   if choice:
@@ -80,7 +76,7 @@ def _compilation_cache_dir() -> str:
   directory = os.path.join(cache_home, "tunix_blockdiff", "test_jax_cache")
   os.makedirs(directory, exist_ok=True)
   if "PYTEST_XDIST_WORKER" not in os.environ:  # once per run, not per worker
-    _prune(directory, LASTING_CACHE_DAYS)
+    _prune(directory, LASTING_CACHE_DAYS * 86400)
   return directory
 
 
