@@ -162,6 +162,39 @@ def function_pairs(source: str) -> Iterator[tuple[str, str]]:
       yield prompt, body
 
 
+def function_prefixes(source: str) -> Iterator[str]:
+  """Prefixes of every function in `source`, cut at its body's statements.
+
+  For each function (documented or not) whose body has a statement besides
+  a docstring: its header (decorators, signature and docstring, if any),
+  then the header with the body's first 1, 2, ... top-level statements, up
+  to all but the last. Each is dedented to the `def`'s column and ends with
+  a newline: a prompt whose continuation is the rest of the function.
+  """
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return
+  lines = source.splitlines(keepends=True)
+  for node in ast.walk(tree):
+    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      continue
+    body = node.body
+    if ast.get_docstring(node) is not None:
+      if len(body) < 2:
+        continue
+      cuts = [stmt.end_lineno for stmt in body[:-1]]
+    else:
+      cuts = [body[0].lineno - 1] + [stmt.end_lineno for stmt in body[:-1]]
+    start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+    for end in cuts:
+      if end <= start:
+        continue  # a one-line `def f(): return x`: no header line of its own
+      yield "".join(
+          _dedent_line(line, node.col_offset) for line in lines[start:end]
+      )
+
+
 def _dedent_line(line: str, indent: int) -> str:
   """`line` without the first `indent` columns (they must be blank)."""
   if not line.strip():
@@ -221,6 +254,44 @@ def sft_rows(
     )
     rows = [rows[i] for i in keep]
   return rows
+
+
+def distill_prompts(
+    files: Sequence[pathlib.Path],
+    tokenizer,
+    *,
+    base: Sequence[str],
+    prompt_tokens: int,
+    num_prompts: int,
+    seed: int,
+) -> list[dict[str, str]]:
+  """`{"prompt"}` rows for sequence-level distillation from `files`.
+
+  Every prompt of `base` (the SFT rows' prompts) first, in order, then a
+  seeded sample of the other `function_prefixes` of `files` within
+  `prompt_tokens` (duplicates dropped) up to `num_prompts` in all. The
+  teacher completes each one, so the student sees the teacher continue a
+  function from its header and from inside its body: many more rows than
+  the documented functions alone, from the same training modules.
+  """
+  if num_prompts < len(base):
+    raise ValueError(
+        f"num_prompts ({num_prompts}) must be >= the {len(base)} base prompts"
+    )
+  seen = set(base)
+  extra = []
+  for path in files:
+    text = read_text(path)
+    if text is None:
+      continue
+    for prompt in function_prefixes(text):
+      if prompt in seen or len(tokenizer.encode(prompt)) > prompt_tokens:
+        continue
+      seen.add(prompt)
+      extra.append(prompt)
+  order = np.random.default_rng(seed).permutation(len(extra))
+  picked = [extra[i] for i in order[: num_prompts - len(base)]]
+  return [{"prompt": p} for p in [*base, *picked]]
 
 
 def write_jsonl(rows: Iterable[dict], path: pathlib.Path) -> pathlib.Path:

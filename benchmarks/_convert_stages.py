@@ -15,8 +15,10 @@ per stage), each starting from the previous stage's output:
         outputs)
 
 `RUN/distilled.jsonl` is `tunix-blockdiff distill-data RUN/ar_peer
-RUN/sft_train.jsonl`: the AR peer's greedy completions of the training
-prompts. Each stage's training compute is counted as steps x batch x tokens
+RUN/distill_prompts.jsonl`: the AR peer's greedy completions of the training
+prompts and of more prompts from the same training modules (every function's
+header, and its header with its first body statements:
+`_code_corpus.distill_prompts`). Each stage's training compute is counted as steps x batch x tokens
 per row (the padded width the step runs on); a chain from the AR peer counts
 the peer's causal fine-tuning as its first stage.
 """
@@ -37,6 +39,7 @@ RECIPE = (
     / "convert_code.yaml"
 )
 DISTILLED = "distilled.jsonl"
+DISTILL_PROMPTS = "distill_prompts.jsonl"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,7 +172,7 @@ def distill_args(sizes, run: pathlib.Path) -> list[str]:
   """`distill-data` of the AR peer on the training prompts."""
   return [
       str(run / "ar_peer"),
-      str(run / "sft_train.jsonl"),
+      str(run / DISTILL_PROMPTS),
       str(run / DISTILLED),
       f"--max-new-tokens={sizes.completion_tokens}",
       f"--batch-size={sizes.eval_batch}",
@@ -203,7 +206,7 @@ def distill(sizes, run: pathlib.Path, log) -> dict[str, Any]:
   """Writes RUN/distilled.jsonl; its generation cost (inference)."""
   seconds = run_cli(["distill-data", *distill_args(sizes, run)], log)
   num_prompts = sum(
-      1 for line in (run / "sft_train.jsonl").open() if line.strip()
+      1 for line in (run / DISTILL_PROMPTS).open() if line.strip()
   )
   batches = -(-num_prompts // sizes.eval_batch)
   return compute(

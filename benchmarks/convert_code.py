@@ -65,6 +65,12 @@ from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.jobs import common
 
 
+# Run only when named with --stages (the quick run runs them too): the AR peer
+# converted on its own outputs measured no better than converting the base
+# (docs/conversion.md), and its 1200-step stage would pass the 30 minutes.
+OPT_IN_STAGES = ("peer_kd_certainty",)
+
+
 @dataclasses.dataclass(frozen=True)
 class Sizes:
   """Everything that sets the benchmark's cost."""
@@ -87,14 +93,19 @@ class Sizes:
   sft_steps: int = 300
   sft_batch: int = 16
   lora_lr: float = 3e-3
-  stage_steps: int = 600  # each KD sft stage (on the AR peer's outputs)
+  # The AR peer completes the train rows' prompts and more function prefixes
+  # of the training modules, this many prompts in all (the KD rows).
+  distill_prompts: int = 12288
+  stage_steps: int = 1200  # each KD sft stage (on the AR peer's outputs)
   certainty_weight: float = 0.5
   certainty_temperature: float = 1.0
   opd_steps: int = 40
   opd_prompts: int = 8
   opd_lr: float = 3e-4
   opd_eval_prompts: int = 16
-  stages: tuple[str, ...] = tuple(s.name for s in _convert_stages.STAGES)
+  stages: tuple[str, ...] = tuple(
+      s.name for s in _convert_stages.STAGES if s.name not in OPT_IN_STAGES
+  )
   thresholds: tuple[float, ...] = (0.5, 0.7, 0.9)
   steps_per_block: tuple[int, ...] = (1, 2)
   eval_batch: int = 32
@@ -118,6 +129,7 @@ QUICK = Sizes(
     completion_tokens=40,
     max_train_rows=32,
     max_eval_rows=4,
+    distill_prompts=48,
     sft_steps=2,
     sft_batch=4,
     stage_steps=2,
@@ -244,6 +256,14 @@ def _parser() -> argparse.ArgumentParser:
       default=None,
       help="steps of each KD sft stage, on the distilled rows (default: Sizes)",
   )
+  parser.add_argument(
+      "--stages",
+      default=None,
+      help=(
+          "comma-separated stages to run (parents run first); default: all"
+          f" but {', '.join(OPT_IN_STAGES)}"
+      ),
+  )
   return parser
 
 
@@ -284,6 +304,16 @@ def write_rows(sizes: Sizes, tokenizer, files, out: pathlib.Path, root):
           " function within the token budgets: no rows to train or evaluate"
       )
     _code_corpus.write_jsonl(rows[split], out / f"sft_{split}.jsonl")
+  prompts = _code_corpus.distill_prompts(
+      files["train"],
+      tokenizer,
+      base=[r["prompt"] for r in rows["train"]],
+      prompt_tokens=sizes.prompt_tokens,
+      num_prompts=max(sizes.distill_prompts, len(rows["train"])),
+      seed=sizes.seed,
+  )
+  _code_corpus.write_jsonl(prompts, out / _convert_stages.DISTILL_PROMPTS)
+  rows["distill_prompts"] = prompts
   return rows
 
 
@@ -294,6 +324,16 @@ def main(argv=None) -> int:
     if args.stage_steps < 1:
       raise SystemExit(f"--stage-steps must be >= 1, got {args.stage_steps}")
     sizes = dataclasses.replace(sizes, stage_steps=args.stage_steps)
+  if args.stages is not None:
+    names = tuple(n for n in args.stages.split(",") if n)
+    known = _convert_stages.by_name()
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+      raise SystemExit(
+          f"--stages must name stages among {sorted(known)}, got"
+          f" {args.stages!r}"
+      )
+    sizes = dataclasses.replace(sizes, stages=names)
   out = pathlib.Path(args.out).expanduser().resolve()
   out.mkdir(parents=True, exist_ok=True)
   clock = time.perf_counter()
@@ -326,7 +366,10 @@ def main(argv=None) -> int:
   rows = write_rows(
       sizes, tokenizer, {"train": train_files, "eval": eval_files}, out, root
   )
-  log(f"{len(rows['train'])} train rows, {len(rows['eval'])} eval rows")
+  log(
+      f"{len(rows['train'])} train rows, {len(rows['eval'])} eval rows,"
+      f" {len(rows['distill_prompts'])} distillation prompts"
+  )
 
   hf_tok = checkpoints.HFTokenizer(out / "ar_base")
   # The AR peer: the first sft stage's steps, batch, schedule and width.

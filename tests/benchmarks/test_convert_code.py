@@ -75,6 +75,64 @@ def test_function_pairs_split_signature_docstring_and_body():
   assert not list(_code_corpus.function_pairs("def broken(:"))
 
 
+def test_function_prefixes_cut_every_function_at_its_statements():
+  source = SOURCE + (
+      "\ndef f(a,\n      b):\n  x = 1\n  # c\n  y = 2\n  return x\n"
+      "\ndef one_line(): return 1\n"
+  )
+  # ast.walk's order: breadth first.
+  assert list(_code_corpus.function_prefixes(source)) == [
+      "def f(a,\n      b):\n",
+      "def f(a,\n      b):\n  x = 1\n",
+      "def f(a,\n      b):\n  x = 1\n  # c\n  y = 2\n",
+      '@staticmethod\ndef add(x, y):\n  """Adds."""\n',
+      "def nodoc(self):\n",
+  ]
+  assert not list(_code_corpus.function_prefixes("def broken(:"))
+
+
+class _CharTokenizer:
+
+  def encode(self, text):
+    return list(text)
+
+
+def test_distill_prompts_keep_the_base_first_then_a_seeded_sample(tmp_path):
+  path = tmp_path / "m.py"
+  path.write_text(SOURCE + "\ndef g():\n  a = 1\n  b = 2\n  return a\n")
+  base = ['@staticmethod\ndef add(x, y):\n  """Adds."""\n']
+  kwargs = dict(base=base, prompt_tokens=100, seed=0)
+  rows = _code_corpus.distill_prompts(
+      [path], _CharTokenizer(), num_prompts=10, **kwargs
+  )
+  prompts = [r["prompt"] for r in rows]
+  # The base prompt once, then every other prefix once, in a seeded order.
+  assert prompts[0] == base[0] and len(prompts) == len(set(prompts)) == 5
+  assert set(prompts[1:]) == {
+      "def nodoc(self):\n",
+      "def g():\n",
+      "def g():\n  a = 1\n",
+      "def g():\n  a = 1\n  b = 2\n",
+  }
+  again = _code_corpus.distill_prompts(
+      [path], _CharTokenizer(), num_prompts=10, **kwargs
+  )
+  assert again == rows
+  capped = _code_corpus.distill_prompts(
+      [path], _CharTokenizer(), num_prompts=3, **kwargs
+  )
+  assert [r["prompt"] for r in capped] == prompts[:3]
+  short = _code_corpus.distill_prompts(
+      [path], _CharTokenizer(), num_prompts=10, base=[], prompt_tokens=10,
+      seed=0,
+  )
+  assert {r["prompt"] for r in short} == {"def g():\n"}
+  with pytest.raises(ValueError, match="num_prompts"):
+    _code_corpus.distill_prompts(
+        [path], _CharTokenizer(), num_prompts=0, **kwargs
+    )
+
+
 def test_split_is_seeded_disjoint_and_complete():
   names = [f"m{i}" for i in range(40)]
   train, held = _code_corpus.split_modules(names, eval_fraction=0.2, seed=3)
@@ -307,6 +365,9 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
   out = tmp_path / "run"
   with pytest.raises(SystemExit, match="--stage-steps must be >= 1"):
     convert_code.main(["--quick", "--stage-steps", "0", "--out", str(out)])
+  with pytest.raises(SystemExit, match="--stages must name stages"):
+    convert_code.main(["--quick", "--stages", "sft,nope", "--out", str(out)])
+  assert "peer_kd_certainty" not in convert_code.Sizes().stages
   # --stage-steps overrides the KD stages' steps (QUICK has 2).
   assert convert_code.main([
       "--quick", "--corpus", str(corpus), "--out", str(out),
@@ -346,6 +407,14 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
       * (sizes.prompt_tokens + sizes.completion_tokens + 2)
   )
   assert compute["sft_kd"]["distill_token_slots"] > 0
+  # The teacher completed the train prompts and more prefixes of train files.
+  prompts = _code_corpus.read_jsonl(out / "distill_prompts.jsonl")
+  train = _code_corpus.read_jsonl(out / "sft_train.jsonl")
+  assert [p["prompt"] for p in prompts[: len(train)]] == [
+      r["prompt"] for r in train
+  ]
+  assert len(train) < len(prompts) <= sizes.distill_prompts
+  assert summary["num_rows"]["distill_prompts"] == len(prompts)
   # The AR peer converted on its own outputs: its causal fine-tuning is the
   # chain's first stage, the KD stage the extra.
   peer = compute["peer_kd_certainty"]
