@@ -132,6 +132,17 @@ def train_tokenizer(
   return tokenizer
 
 
+def _functions(source: str) -> Iterator[ast.FunctionDef]:
+  """Every (async) function of `source`, breadth first; none if unparsable."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError):
+    return
+  for node in ast.walk(tree):
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      yield node
+
+
 def function_pairs(source: str) -> Iterator[tuple[str, str]]:
   """(signature + docstring, body) of every documented function in `source`.
 
@@ -139,14 +150,8 @@ def function_pairs(source: str) -> Iterator[tuple[str, str]]:
   after the docstring, the completion holds the remaining body lines.
   Functions whose body is only the docstring are skipped.
   """
-  try:
-    tree = ast.parse(source)
-  except (SyntaxError, ValueError):
-    return
   lines = source.splitlines(keepends=True)
-  for node in ast.walk(tree):
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      continue
+  for node in _functions(source):
     if ast.get_docstring(node) is None or len(node.body) < 2:
       continue
     start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
@@ -171,14 +176,8 @@ def function_prefixes(source: str) -> Iterator[str]:
   to all but the last. Each is dedented to the `def`'s column and ends with
   a newline: a prompt whose continuation is the rest of the function.
   """
-  try:
-    tree = ast.parse(source)
-  except (SyntaxError, ValueError):
-    return
   lines = source.splitlines(keepends=True)
-  for node in ast.walk(tree):
-    if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      continue
+  for node in _functions(source):
     body = node.body
     if ast.get_docstring(node) is not None:
       if len(body) < 2:
