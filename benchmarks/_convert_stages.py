@@ -52,7 +52,8 @@ class Stage:
     parent: The stage it starts from; None: the AR base checkpoint.
     distilled: Train on the AR peer's completions instead of the references.
     lora: LoRA instead of full fine-tuning (sft only).
-    certainty: Turn on the SFT certainty term (sft only).
+    certainty: The SFT certainty term's weight as a multiple of
+      `Sizes.certainty_weight` (sft only); 0: off.
     source: The Hugging Face directory under RUN a stage without a parent
       converts: the AR base, or `ar_peer` (the AR model fine-tuned on the
       task, which is also the distillation teacher).
@@ -63,7 +64,7 @@ class Stage:
   parent: str | None = None
   distilled: bool = False
   lora: bool = False
-  certainty: bool = False
+  certainty: float = 0.0
   source: str = "ar_base"
 
 
@@ -72,12 +73,21 @@ class Stage:
 # `sft_kd_certainty_opd` combines all three. `peer_kd_certainty` converts the
 # teacher itself: the AR peer trained with the block-diffusion objective and
 # the certainty term on its own greedy completions (one stage, the KD budget).
+# `sft_kd_certainty_x4` is `sft_kd_certainty` with a 4x heavier term (fixed in
+# advance, not picked on the held-out modules): how far certainty alone goes.
 STAGES = (
     Stage("sft", "sft"),
     Stage("sft_lora", "sft", lora=True),
     Stage("sft_kd", "sft", parent="sft", distilled=True),
     Stage(
-        "sft_kd_certainty", "sft", parent="sft", distilled=True, certainty=True
+        "sft_kd_certainty", "sft", parent="sft", distilled=True, certainty=1.0
+    ),
+    Stage(
+        "sft_kd_certainty_x4",
+        "sft",
+        parent="sft",
+        distilled=True,
+        certainty=4.0,
     ),
     Stage("sft_opd", "opd", parent="sft"),
     Stage("sft_kd_certainty_opd", "opd", parent="sft_kd_certainty"),
@@ -85,7 +95,7 @@ STAGES = (
         "peer_kd_certainty",
         "sft",
         distilled=True,
-        certainty=True,
+        certainty=1.0,
         source="ar_peer",
     ),
 )
@@ -141,7 +151,7 @@ def sft_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
     args += ["lora.enabled=true", f"training.learning_rate={sizes.lora_lr}"]
   if stage.certainty:
     args += [
-        f"diffusion.certainty_weight={sizes.certainty_weight}",
+        f"diffusion.certainty_weight={sizes.certainty_weight * stage.certainty}",
         f"diffusion.certainty_temperature={sizes.certainty_temperature}",
     ]
   return args
@@ -220,6 +230,11 @@ def export(run: pathlib.Path, name: str, log) -> float:
   return run_cli(["export", str(run / name), str(run / f"{name}_hf")], log)
 
 
+def certainty_label(multiple: float) -> str:
+  """`+certainty`, or `+certainty xN` for a heavier term."""
+  return "+certainty" + ("" if multiple == 1.0 else f" x{multiple:g}")
+
+
 def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
   """Runs one stage into a fresh RUN/NAME; its compute record."""
   shutil.rmtree(run / stage.name, ignore_errors=True)
@@ -231,7 +246,7 @@ def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
         for suffix, on in (
             ("+lora", stage.lora),
             ("+kd", stage.distilled),
-            ("+certainty", stage.certainty),
+            (certainty_label(stage.certainty), stage.certainty),
         )
         if on
     )

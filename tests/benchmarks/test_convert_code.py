@@ -14,6 +14,7 @@ import shutil
 import sys
 
 import numpy as np
+import omegaconf
 import pytest
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
@@ -367,6 +368,8 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
     convert_code.main(["--quick", "--stage-steps", "0", "--out", str(out)])
   with pytest.raises(SystemExit, match="--stages must name stages"):
     convert_code.main(["--quick", "--stages", "sft,nope", "--out", str(out)])
+  with pytest.raises(SystemExit, match="--distill-prompts must be >= 0"):
+    convert_code.main(["--quick", "--distill-prompts", "-1", "--out", str(out)])
   assert "peer_kd_certainty" not in convert_code.Sizes().stages
   # --stage-steps overrides the KD stages' steps (QUICK has 2).
   assert convert_code.main([
@@ -402,6 +405,12 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
   assert [s["stage"] for s in compute["sft_kd_certainty_opd"]["stages"]] == [
       "sft", "sft+kd+certainty", "opd"
   ]
+  # The heavier certainty term: 4x the weight, the same rows and steps.
+  assert compute["sft_kd_certainty_x4"]["stages"][-1]["stage"] == (
+      "sft+kd+certainty x4"
+  )
+  heavy = omegaconf.OmegaConf.load(out / "sft_kd_certainty_x4" / "recipe.yaml")
+  assert heavy.diffusion.certainty_weight == 4 * sizes.certainty_weight
   assert compute["sft_kd"]["extra_token_slots"] == (
       sizes.stage_steps * sizes.sft_batch
       * (sizes.prompt_tokens + sizes.completion_tokens + 2)
