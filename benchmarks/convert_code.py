@@ -267,6 +267,15 @@ def _parser() -> argparse.ArgumentParser:
       ),
   )
   parser.add_argument(
+      "--certainty-weight",
+      type=float,
+      default=None,
+      help=(
+          "the certainty stages' base weight (sft_kd_certainty_x4: 4x it;"
+          " default: Sizes)"
+      ),
+  )
+  parser.add_argument(
       "--stages",
       default=None,
       help=(
@@ -340,6 +349,12 @@ def main(argv=None) -> int:
           f"--distill-prompts must be >= 0, got {args.distill_prompts}"
       )
     sizes = dataclasses.replace(sizes, distill_prompts=args.distill_prompts)
+  if args.certainty_weight is not None:
+    if args.certainty_weight <= 0:
+      raise SystemExit(
+          f"--certainty-weight must be > 0, got {args.certainty_weight}"
+      )
+    sizes = dataclasses.replace(sizes, certainty_weight=args.certainty_weight)
   if args.stages is not None:
     names = tuple(n for n in args.stages.split(",") if n)
     known = _convert_stages.by_name()

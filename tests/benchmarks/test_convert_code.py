@@ -368,6 +368,8 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
     convert_code.main(["--quick", "--stage-steps", "0", "--out", str(out)])
   with pytest.raises(SystemExit, match="--stages must name stages"):
     convert_code.main(["--quick", "--stages", "sft,nope", "--out", str(out)])
+  with pytest.raises(SystemExit, match="--certainty-weight must be > 0"):
+    convert_code.main(["--quick", "--certainty-weight", "0", "--out", str(out)])
   with pytest.raises(SystemExit, match="--distill-prompts must be >= 0"):
     convert_code.main(["--quick", "--distill-prompts", "-1", "--out", str(out)])
   assert "peer_kd_certainty" not in convert_code.Sizes().stages
