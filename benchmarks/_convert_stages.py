@@ -270,7 +270,7 @@ def run_all(
     sizes: The benchmark's `Sizes`.
     run: RUN, holding `ar_base`, `ar_peer` and the jsonl files.
     log: A one-line logger.
-    stages: The stages to run.
+    stages: The stages to report; their parents (from `STAGES`) run first.
     sources: Source name -> the compute record of its training (`ar_peer`:
       its causal fine-tuning), the first record of a chain from it.
 
@@ -283,7 +283,7 @@ def run_all(
   exported: set[str] = set()
   distilled = None
   for stage in stages:
-    for step in chain(stage.name, stages):
+    for step in chain(stage.name):
       if step.name in records:
         continue
       if step.distilled and distilled is None:
@@ -295,7 +295,7 @@ def run_all(
   out = {}
   sources = sources or {}
   for stage in stages:
-    path = chain(stage.name, stages)
+    path = chain(stage.name)
     steps = [records[s.name] for s in path]
     if path[0].source in sources:
       steps = [sources[path[0].source], *steps]

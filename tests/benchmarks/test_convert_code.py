@@ -24,6 +24,7 @@ import _causal_lm  # noqa: E402  pylint: disable=g-import-not-at-top
 import _code_corpus  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_eval  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_report  # noqa: E402  pylint: disable=g-import-not-at-top
+import _convert_stages  # noqa: E402  pylint: disable=g-import-not-at-top
 import _timing  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
 
@@ -360,7 +361,9 @@ def _write_package(root: pathlib.Path) -> pathlib.Path:
 
 
 @pytest.mark.slow
-def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
+def test_quick_run_on_another_corpus_writes_every_stage_row(
+    tmp_path, monkeypatch
+):
   """`--quick --corpus DIR`: every stage end to end; the rows' schema."""
   corpus = _write_package(tmp_path / "mylib")
   out = tmp_path / "run"
@@ -373,6 +376,24 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(tmp_path):
   with pytest.raises(SystemExit, match="--distill-prompts must be >= 0"):
     convert_code.main(["--quick", "--distill-prompts", "-1", "--out", str(out)])
   assert "peer_kd_certainty" not in convert_code.Sizes().stages
+  # A stage named alone still runs its parents first (and reports only it).
+  calls = []
+  monkeypatch.setattr(
+      _convert_stages, "run_stage",
+      lambda sizes, run, stage, log: calls.append(stage.name) or
+      _convert_stages.compute("x", 1, 1, 1, 0.0),
+  )
+  monkeypatch.setattr(_convert_stages, "export", lambda *a: 0.0)
+  monkeypatch.setattr(
+      _convert_stages, "distill",
+      lambda *a: _convert_stages.compute("d", 1, 1, 1, 0.0),
+  )
+  stages = [_convert_stages.by_name()["sft_kd_certainty_x4"]]
+  got = _convert_stages.run_all(convert_code.QUICK, out, print, stages)
+  assert calls == ["sft", "sft_kd_certainty_x4"] and list(got) == [
+      "sft_kd_certainty_x4"
+  ]
+  monkeypatch.undo()
   # --stage-steps overrides the KD stages' steps (QUICK has 2).
   assert convert_code.main([
       "--quick", "--corpus", str(corpus), "--out", str(out),
