@@ -143,6 +143,11 @@ def _functions(source: str) -> Iterator[ast.FunctionDef]:
       yield node
 
 
+def _first_line(node: ast.FunctionDef) -> int:
+  """The 0-based line where `node` starts, its decorators included."""
+  return min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+
+
 def function_pairs(source: str) -> Iterator[tuple[str, str]]:
   """(signature + docstring, body) of every documented function in `source`.
 
@@ -154,7 +159,7 @@ def function_pairs(source: str) -> Iterator[tuple[str, str]]:
   for node in _functions(source):
     if ast.get_docstring(node) is None or len(node.body) < 2:
       continue
-    start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+    start = _first_line(node)
     doc_end = node.body[0].end_lineno
     body_start = node.body[1].lineno - 1
     # Comments between the docstring and the first statement stay in body.
@@ -185,7 +190,7 @@ def function_prefixes(source: str) -> Iterator[str]:
       cuts = [stmt.end_lineno for stmt in body[:-1]]
     else:
       cuts = [body[0].lineno - 1] + [stmt.end_lineno for stmt in body[:-1]]
-    start = min([d.lineno for d in node.decorator_list] + [node.lineno]) - 1
+    start = _first_line(node)
     for end in cuts:
       if end <= start:
         continue  # a one-line `def f(): return x`: no header line of its own

@@ -16,11 +16,11 @@ per stage), each starting from the previous stage's output:
 
 `RUN/distilled.jsonl` is `tunix-blockdiff distill-data RUN/ar_peer
 RUN/distill_prompts.jsonl`: the AR peer's greedy completions of the training
-prompts and of more prompts from the same training modules (every function's
-header, and its header with its first body statements:
-`_code_corpus.distill_prompts`). Each stage's training compute is counted as steps x batch x tokens
-per row (the padded width the step runs on); a chain from the AR peer counts
-the peer's causal fine-tuning as its first stage.
+prompts (with `--distill-prompts N`, also of function prefixes of the same
+training modules: `_code_corpus.distill_prompts`). Each stage's training
+compute is counted as steps x batch x tokens per row (the padded width the
+step runs on); a chain from the AR peer counts the peer's causal fine-tuning
+as its first stage.
 """
 
 from __future__ import annotations
@@ -151,7 +151,8 @@ def sft_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
     args += ["lora.enabled=true", f"training.learning_rate={sizes.lora_lr}"]
   if stage.certainty:
     args += [
-        f"diffusion.certainty_weight={sizes.certainty_weight * stage.certainty}",
+        "diffusion.certainty_weight="
+        f"{sizes.certainty_weight * stage.certainty}",
         f"diffusion.certainty_temperature={sizes.certainty_temperature}",
     ]
   return args

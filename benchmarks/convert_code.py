@@ -339,22 +339,17 @@ def write_rows(sizes: Sizes, tokenizer, files, out: pathlib.Path, root):
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   sizes = QUICK if args.quick else Sizes()
-  if args.stage_steps is not None:
-    if args.stage_steps < 1:
-      raise SystemExit(f"--stage-steps must be >= 1, got {args.stage_steps}")
-    sizes = dataclasses.replace(sizes, stage_steps=args.stage_steps)
-  if args.distill_prompts is not None:
-    if args.distill_prompts < 0:
-      raise SystemExit(
-          f"--distill-prompts must be >= 0, got {args.distill_prompts}"
-      )
-    sizes = dataclasses.replace(sizes, distill_prompts=args.distill_prompts)
-  if args.certainty_weight is not None:
-    if args.certainty_weight <= 0:
-      raise SystemExit(
-          f"--certainty-weight must be > 0, got {args.certainty_weight}"
-      )
-    sizes = dataclasses.replace(sizes, certainty_weight=args.certainty_weight)
+  for field, value, ok, rule in (
+      ("stage_steps", args.stage_steps, lambda v: v >= 1, ">= 1"),
+      ("distill_prompts", args.distill_prompts, lambda v: v >= 0, ">= 0"),
+      ("certainty_weight", args.certainty_weight, lambda v: v > 0, "> 0"),
+  ):
+    if value is None:
+      continue
+    if not ok(value):
+      flag = "--" + field.replace("_", "-")
+      raise SystemExit(f"{flag} must be {rule}, got {value}")
+    sizes = dataclasses.replace(sizes, **{field: value})
   if args.stages is not None:
     names = tuple(n for n in args.stages.split(",") if n)
     known = _convert_stages.by_name()
