@@ -155,3 +155,22 @@ def untrained_policy(tmp_path_factory) -> pathlib.Path:
   manager.close()
   return out
 
+
+@pytest.fixture(scope="session")
+def dg_two_step_sft(tmp_path_factory) -> pathlib.Path:
+  """A 2-step DiffusionGemma sft output_dir (`dg_sizes.TWO_STEPS`).
+
+  The policy of the DiffusionGemma rl job test and the student of its opd
+  job test. Built once per test process and shared; tests must not write
+  into it. Its users carry `pytest.mark.xdist_group(dg_sizes.SFT_GROUP)`:
+  xdist runs with `--dist loadgroup` (pyproject), so they share a worker
+  and the run is made once per suite.
+  """
+  import dg_sizes  # pylint: disable=g-import-not-at-top
+
+  from tunix_blockdiff import cli  # pylint: disable=g-import-not-at-top
+
+  out = tmp_path_factory.mktemp("dg_two_step_sft")
+  assert cli.main(["sft", "diffusion_gemma_tiny.yaml", *dg_sizes.TWO_STEPS,
+                   f"output_dir={out}"]) == 0
+  return out

@@ -14,3 +14,6 @@ SMALL = [
 # A 2-step sft run with its checkpoint (the rl and opd tests' policy).
 TWO_STEPS = [*SMALL, "training.max_steps=2",
              "training.checkpoint_every_n_steps=2"]
+# The xdist group of the tests using conftest's `dg_two_step_sft` (a run
+# with TWO_STEPS): one worker runs them all, so the run is made once.
+SFT_GROUP = "dg_two_step_sft"

@@ -20,7 +20,6 @@ from tunix_blockdiff.jobs import diffusion_gemma_opd
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 
-SMALL = dg_sizes.TWO_STEPS
 OPD = [
     "opd", "teacher.num_layers=1", "teacher.embed_dim=16",
     "teacher.hidden_dim=32", "teacher.num_heads=2", "teacher.head_dim=8",
@@ -33,13 +32,10 @@ OPD = [
 ]
 
 
-@pytest.fixture(name="student", scope="module")
-def _student(tmp_path_factory):
-  """A 2-step DiffusionGemma sft run on 6-10 digit reversal."""
-  out = tmp_path_factory.mktemp("dg_student")
-  assert cli.main(["sft", "diffusion_gemma_tiny.yaml", *SMALL,
-                   f"output_dir={out}"]) == 0
-  return out
+@pytest.fixture(name="student")
+def _student(dg_two_step_sft):
+  """conftest's 2-step DiffusionGemma sft run on 6-10 digit reversal."""
+  return dg_two_step_sft
 
 
 def _params(run_dir):
@@ -48,6 +44,7 @@ def _params(run_dir):
   return step, [np.asarray(x) for x in jax.tree.leaves(nnx.state(model))]
 
 
+@pytest.mark.xdist_group(dg_sizes.SFT_GROUP)
 def test_opd_trains_a_diffusion_gemma_student_on_the_teachers_likelihood(
     student, tmp_path, capsys):
   out = tmp_path / "opd"

@@ -29,7 +29,6 @@ DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
 sys.path.insert(0, str(DATA))
 from hf_tokenizer import write_tiny_hf_tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
-SMALL = dg_sizes.TWO_STEPS
 RL = [
     "grpo.steps=2", "grpo.prompts_per_step=2", "grpo.num_generations=2",
     "grpo.micro_batch_prompts=1", "grpo.num_iterations=1", "grpo.beta=0.04",
@@ -63,14 +62,14 @@ def distinct(prompts, completions, **kwargs):
 """
 
 
+@pytest.mark.xdist_group(dg_sizes.SFT_GROUP)
 def test_rl_takes_a_diffusion_gemma_sft_run_resumes_and_runs_on_2_processes(
-    tmp_path, monkeypatch, capsys
+    dg_two_step_sft, tmp_path, monkeypatch, capsys
 ):
   (tmp_path / "dg_many_processes_reward.py").write_text(REWARD)
   monkeypatch.syspath_prepend(str(tmp_path))
   monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for launched processes
-  sft = tmp_path / "sft"
-  cli.main(["sft", "diffusion_gemma_tiny.yaml", *SMALL, f"output_dir={sft}"])
+  sft = dg_two_step_sft  # conftest's 2-step run (dg_sizes.TWO_STEPS)
   assert diffusion_gemma_rl.is_policy(
       omegaconf.OmegaConf.create({"checkpoint": str(sft)}))
   assert not diffusion_gemma_rl.is_policy(
