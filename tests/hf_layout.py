@@ -135,3 +135,22 @@ def write(directory: pathlib.Path, family: str, model) -> pathlib.Path:
   config = hf_config(family, model.config)
   (directory / "config.json").write_text(json.dumps(config))
   return directory
+
+
+def causal_logits(model, vocab: int, length: int) -> np.ndarray:
+  """A causal LM's logits [2, length, vocab] on fixed random tokens.
+
+  What the round-trip tests compare between a model and its reloaded copy;
+  one jitted program per model structure (called eagerly, every op of the
+  forward was compiled on its own).
+  """
+  tokens = jnp.asarray(
+      np.random.default_rng(1).integers(0, vocab, (2, length)), jnp.int32)
+  positions = jnp.broadcast_to(jnp.arange(length), (2, length))
+  mask = jnp.tril(jnp.ones((length, length), bool))[None].repeat(2, 0)
+  return np.asarray(_forward(model, tokens, positions, mask))
+
+
+@nnx.jit
+def _forward(model, tokens, positions, mask):
+  return model(tokens, positions, None, mask)[0]

@@ -54,13 +54,7 @@ def _tiny(family, tied, **kwargs):
 
 
 def _logits(model):
-  tokens = jnp.asarray(
-      np.random.default_rng(1).integers(0, VOCAB, (2, 9)), jnp.int32
-  )
-  positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
-  mask = jnp.tril(jnp.ones((9, 9), bool))[None].repeat(2, 0)
-  logits, _ = model(tokens, positions, None, mask)
-  return np.asarray(logits)
+  return hf_layout.causal_logits(model, VOCAB, 9)
 
 
 @pytest.mark.parametrize(

@@ -4,6 +4,7 @@ import dataclasses
 import json
 
 from flax import nnx
+import hf_layout
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -42,12 +43,7 @@ def _random_qwen3(tied: bool, seed: int = 0):
 
 
 def _logits(model):
-  tokens = jnp.asarray(
-      np.random.default_rng(1).integers(0, VOCAB, (2, 7)), jnp.int32
-  )
-  positions = jnp.broadcast_to(jnp.arange(7), (2, 7))
-  mask = jnp.tril(jnp.ones((7, 7), bool))[None].repeat(2, 0)
-  return np.asarray(model(tokens, positions, None, mask)[0])
+  return hf_layout.causal_logits(model, VOCAB, 7)
 
 
 @pytest.mark.parametrize("tied", [False, True])

@@ -11,6 +11,7 @@ import pathlib
 import shutil
 
 from flax import nnx
+import hf_layout
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -105,12 +106,7 @@ def _generate_both(run, out, *options):
 
 
 def _logits(model, vocab=50):
-  tokens = jnp.asarray(
-      np.random.default_rng(1).integers(0, vocab, (2, 9)), jnp.int32
-  )
-  positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
-  mask = jnp.tril(jnp.ones((9, 9), bool))[None].repeat(2, 0)
-  return np.asarray(model(tokens, positions, None, mask)[0])
+  return hf_layout.causal_logits(model, vocab, 9)
 
 
 @pytest.mark.parametrize(

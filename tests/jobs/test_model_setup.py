@@ -49,3 +49,41 @@ def test_lora_flags_and_the_common_re_exports():
   assert model_setup.apply_lora(model, None, seed=0) is model
   for name in model_setup.__all__:
     assert getattr(common, name) is getattr(model_setup, name)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_on_a_mesh",
+                                    "diffusion_gemma_moe"])
+def test_traced_lora_equals_the_eager_qwix_call_and_shares_the_base(family):
+  import qwix  # pylint: disable=g-import-not-at-top
+
+  def build():
+    if family == "qwen3":
+      return _model()
+    if family == "qwen3_on_a_mesh":  # LoRA placed by its specs there
+      return model_setup.shard_model(_model(), _mesh(2, 2))
+    return tiny.tiny_diffusion_gemma(16, num_experts=2, top_k_experts=1,
+                                     moe_intermediate_size=8)
+
+  provider = qwix.LoraProvider(module_path=".*_proj", rank=2, alpha=4.0)
+  base = build()
+  eager = qwix.apply_lora_to_model(base, provider, rngs=nnx.Rngs(3),
+                                   **base.get_model_input())
+  traced = model_setup.traced_lora(base, provider, seed=3)
+  want = dict(nnx.to_flat_state(nnx.state(eager)))
+  got = dict(nnx.to_flat_state(nnx.state(traced)))
+  assert got.keys() == want.keys()
+  assert any(isinstance(v, nnx.LoRAParam) for v in got.values())
+  for key, value in want.items():
+    assert type(got[key]) is type(value), key
+    assert got[key].get_value().sharding == value.get_value().sharding, key
+    np.testing.assert_array_equal(np.asarray(got[key].get_value()),
+                                  np.asarray(value.get_value()),
+                                  err_msg=str(key))
+  # The input keeps no LoRA state, and its weights are not copied.
+  assert not jax.tree.leaves(nnx.state(base, nnx.LoRAParam))
+  for key, value in nnx.to_flat_state(nnx.state(base)):
+    assert got[key].get_value() is value.get_value(), key
+  # The same forward.
+  inputs = base.get_model_input()
+  np.testing.assert_array_equal(np.asarray(traced(**inputs)[0]),
+                                np.asarray(eager(**inputs)[0]))

@@ -70,13 +70,17 @@ def _algo(**kwargs):
 
 
 def _loss_and_grad(model, example, algo):
+  """The dg_grpo loss, its `LossOutput` and gradients, as the learner jits."""
   loss_fn = function_registry.get_policy_loss_fn("dg_grpo")
 
-  def objective(m):
+  def objective(m, example):
     out = loss_fn(m, example, algo)
     return out.primary_loss.compute(), out
 
-  (loss, out), grads = nnx.value_and_grad(objective, has_aux=True)(model)
+  # One program (as in the learner's train step), not op-by-op dispatch,
+  # which compiled each of the loss's hundreds of ops on its own.
+  (loss, out), grads = nnx.jit(nnx.value_and_grad(objective, has_aux=True))(
+      model, example)
   return loss, out, grads
 
 

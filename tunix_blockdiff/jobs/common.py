@@ -39,6 +39,7 @@ from tunix_blockdiff.jobs.model_setup import check_model_fits_mesh
 from tunix_blockdiff.jobs.model_setup import lora_enabled
 from tunix_blockdiff.jobs.model_setup import model_vocab_size
 from tunix_blockdiff.jobs.model_setup import shard_model
+from tunix_blockdiff.jobs.model_setup import traced_lora
 from tunix_blockdiff.jobs.outputs import _jsonable
 from tunix_blockdiff.jobs.outputs import plot_training_figure
 from tunix_blockdiff.jobs.outputs import prepare_output_dir
@@ -325,6 +326,7 @@ __all__ = [
     "recipe_path",
     "split_argv",
     "to_dict",
+    "traced_lora",
     "write_summary",
 ]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tunix_blockdiff import layouts
@@ -108,9 +109,76 @@ def apply_lora(model, lora_cfg, *, seed: int):
   provider = qwix.LoraProvider(
       module_path=lora_cfg.module_path, rank=lora_cfg.rank, alpha=lora_cfg.alpha
   )
-  return qwix.apply_lora_to_model(
-      model, provider, rngs=nnx.Rngs(seed), **model.get_model_input()
-  )
+  return traced_lora(model, provider, seed=seed)
+
+
+def traced_lora(model, provider, *, seed: int):
+  """`qwix.apply_lora_to_model` with its model pass traced, not run op by op.
+
+  qwix finds the modules to wrap by running the model once on its dummy
+  inputs (`get_model_input`). Run eagerly, that pass dispatches (and, on a
+  new shape, compiles) every op of the forward on its own; here the wrapped
+  structure comes from `nnx.eval_shape`, the new LoRA parameters from one
+  jitted program with no inputs (placed where the eager draws would be:
+  on no device in particular, or by their partition specs on the weights'
+  mesh), and the base weights are the input's own arrays. The result
+  equals the eager call's bit for bit, placement included (tested); what
+  this cannot reproduce (weights over several processes, PRNG key state)
+  takes qwix's eager pass.
+
+  Args:
+    model: A model with `get_model_input()` (left unchanged, as qwix does).
+    provider: The `qwix.LoraProvider`.
+    seed: Seed of the LoRA parameters' draw (`nnx.Rngs(seed)`).
+
+  Returns:
+    A new model with the LoRA parameters.
+  """
+  import qwix  # pylint: disable=g-import-not-at-top
+
+  inputs = model.get_model_input()
+
+  def wrap(m):
+    return qwix.apply_lora_to_model(m, provider, rngs=nnx.Rngs(seed), **inputs)
+
+  base_graphdef, base_state = nnx.split(model)
+  leaves = jax.tree.leaves(base_state)
+  meshes = {x.sharding.mesh for x in leaves
+            if isinstance(x.sharding, jax.sharding.NamedSharding)}
+  if (len(meshes) > 1 or (meshes and jax.process_count() > 1)
+      or not all(jnp.issubdtype(x.dtype, jnp.number) for x in leaves)):
+    # Weights on several meshes or processes, or PRNG key state (no zeros
+    # of its dtype): qwix's own eager pass.
+    return wrap(model)
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in leaves]
+
+  def lora_params():
+    # The LoRA draws depend on the shapes and the seed, not on the weights:
+    # the pass runs on zeros built inside the program (so no weight is an
+    # input, copied or committed to a device by it, and the forward itself
+    # is dead code), and a pure jax.jit (nnx.jit would write into `model`).
+    zeros = [jnp.zeros(x.shape, x.dtype) for x in shapes]
+    m = nnx.merge(base_graphdef, jax.tree.unflatten(
+        jax.tree.structure(base_state), zeros))
+    return nnx.state(wrap(m), nnx.LoRAParam)
+
+  lora_params = jax.jit(lora_params)()
+  if meshes:  # placed by their partition specs on the model's mesh, as
+    # qwix places its eager draws when the weights it wraps are sharded.
+    (mesh,) = meshes
+    for _, variable in nnx.to_flat_state(lora_params):
+      spec = jax.sharding.PartitionSpec(*(variable.get_metadata().get(
+          "out_sharding") or ()))
+      variable.set_value(jax.device_put(
+          variable.get_value(), jax.sharding.NamedSharding(mesh, spec)))
+  graphdef, state = nnx.split(nnx.eval_shape(wrap, model))
+  lora = nnx.merge(graphdef, state)
+  nnx.update(lora, base_state)
+  nnx.update(lora, lora_params)
+  if any(isinstance(leaf, jax.ShapeDtypeStruct)
+         for leaf in jax.tree.leaves(nnx.state(lora))):
+    return wrap(model)  # qwix made state other than LoRA parameters
+  return lora
 
 
 __all__ = [
@@ -120,4 +188,5 @@ __all__ = [
     "lora_enabled",
     "model_vocab_size",
     "shard_model",
+    "traced_lora",
 ]
