@@ -14,6 +14,7 @@ from tunix.models.qwen3 import model as qwen3_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import tiny as tiny_models
+from tunix_blockdiff.jobs import model_setup
 
 VOCAB = 48
 
@@ -91,11 +92,10 @@ def test_bad_inputs(tmp_path):
   import qwix
 
   base = _random_qwen3(True)
-  lora = qwix.apply_lora_to_model(
+  lora = model_setup.traced_lora(
       base,
       qwix.LoraProvider(module_path=".*q_proj", rank=2, alpha=2.0),
-      rngs=nnx.Rngs(0),
-      **base.get_model_input(),
+      seed=0,
   )
   with pytest.raises(ValueError, match="merge_lora"):
     hf_export.save_qwen3_hf(lora, tmp_path)

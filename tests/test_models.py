@@ -20,6 +20,7 @@ from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff import models
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
+from tunix_blockdiff.jobs import model_setup
 
 VOCAB, MASK, SEQ, BLOCK = 64, 3, 16, 4
 DCFG = config_lib.BlockDiffusionConfig(block_size=BLOCK, mask_token_id=MASK)
@@ -201,11 +202,10 @@ def test_two_stream_refuses_a_window_it_would_apply_wrongly():
 
 def test_lora_on_gemma3_einsums_trains_but_does_not_merge():
   """qwix LoRA reaches Gemma3's attention einsums; merge_lora refuses them."""
-  lora = qwix.apply_lora_to_model(
+  lora = model_setup.traced_lora(
       _tiny("gemma3"),
       qwix.LoraProvider(module_path=".*einsum|.*_proj", rank=2, alpha=4.0),
-      rngs=nnx.Rngs(0),
-      **_tiny("gemma3").get_model_input(),
+      seed=0,
   )
   names = {p[-2] for p, _ in nnx.to_flat_state(nnx.state(lora, nnx.LoRAParam))}
   assert {"q_einsum", "kv_einsum", "attn_vec_einsum", "down_proj"} <= names

@@ -21,6 +21,7 @@ from tunix.models.qwen3 import model as qwen3_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import tiny as tiny_models
+from tunix_blockdiff.jobs import model_setup
 
 _TESTS = pathlib.Path(__file__).resolve().parent
 VOCAB = 64
@@ -167,9 +168,7 @@ def test_merge_lora_computes_what_the_lora_model_computes():
   provider = qwix.LoraProvider(
       module_path=".*q_proj|.*o_proj|.*down_proj", rank=2, alpha=4.0
   )
-  lora = qwix.apply_lora_to_model(
-      base, provider, rngs=nnx.Rngs(0), **base.get_model_input()
-  )
+  lora = model_setup.traced_lora(base, provider, seed=0)
   rng = np.random.default_rng(0)
   # Nonzero B (qwix starts it at 0) so the merge has something to add.
   nnx.update(

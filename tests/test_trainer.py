@@ -17,6 +17,7 @@ from tunix_blockdiff import data
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.objective import loss as loss_lib
+from tunix_blockdiff.jobs import model_setup
 
 VOCAB = 50
 MASK = 3
@@ -205,9 +206,7 @@ def test_lora_trains_only_lora_params(micro_batches):
   provider = qwix.LoraProvider(
       module_path=".*q_proj|.*v_proj|.*up_proj", rank=2, alpha=2.0
   )
-  model = qwix.apply_lora_to_model(
-      base, provider, rngs=nnx.Rngs(1), **base.get_model_input()
-  )
+  model = model_setup.traced_lora(base, provider, seed=1)
   frozen = _params(model, nnx.Not(nnx.LoRAParam))
   lora_before = _params(model, nnx.LoRAParam)
   assert lora_before

@@ -16,6 +16,7 @@ from tunix_blockdiff.data.examples import DataConfig
 from tunix_blockdiff.data.examples import Example
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.data import diffusion_gemma as rows_lib
+from tunix_blockdiff.jobs import model_setup
 from tunix_blockdiff.objective import diffusion_gemma as obj
 
 VOCAB, C, SEQ = 24, 4, 16
@@ -161,7 +162,6 @@ def test_train_steps_keep_the_shardings_of_parameters_and_state():
   Otherwise every later step, sampler and scorer program compiles again
   for the layout XLA picked (a replicated norm scale split over fsdp).
   """
-  from tunix_blockdiff.jobs import model_setup  # pylint: disable=g-import-not-at-top
 
   mesh = jax.make_mesh((2, 1, 1), ("fsdp", "sp", "tp"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 3,
@@ -201,8 +201,7 @@ def test_lora_on_attention_and_mlp_trains_only_lora():
   _, plain_cache = call(model, *prompt, cache, method="encode")
   plain = call(model, *canvas, plain_cache, method="decode")
   provider = qwix.LoraProvider(module_path=".*_proj", rank=2, alpha=4.0)
-  lora = qwix.apply_lora_to_model(model, provider, rngs=nnx.Rngs(1),
-                                  **model.get_model_input())
+  lora = model_setup.traced_lora(model, provider, seed=1)
   paths = {".".join(map(str, p)) for p, _ in nnx.to_flat_state(
       nnx.state(lora, nnx.LoRAParam))}
   for name in ("q_proj", "k_proj", "o_proj", "mlp.gate_proj", "router_proj",

@@ -8,15 +8,15 @@ import qwix
 import tunix_blockdiff as tbd
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import tiny as tiny_models
+from tunix_blockdiff.jobs import model_setup
 
 
 def test_lora_model_generates_like_its_merged_weights():
   base = tiny_models.tiny_qwen3(32, seed=1)
-  lora = qwix.apply_lora_to_model(
+  lora = model_setup.traced_lora(
       base,
       qwix.LoraProvider(module_path=".*q_proj|.*v_proj", rank=2, alpha=4.0),
-      rngs=nnx.Rngs(2),
-      **base.get_model_input(),
+      seed=2,
   )
   # qwix starts B at zero (LoRA is the identity); make it matter.
   state = nnx.state(lora, nnx.LoRAParam)
