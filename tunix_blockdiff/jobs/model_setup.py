@@ -1,8 +1,9 @@
 """The model a job's recipe names: built, with LoRA, placed on the mesh.
 
 `build_model` builds a recipe's `model` section (`models.build_model`),
-`apply_lora` wraps it in qwix LoRA when the recipe's `lora` section asks,
-and `shard_model` places its parameters by the model's own partition specs
+`apply_lora` wraps it in qwix LoRA when the recipe's `lora` section asks
+(`traced_lora`: qwix's model pass traced, not dispatched op by op), and
+`shard_model` places its parameters by the model's own partition specs
 (Tunix's rules), after `check_model_fits_mesh` has named any parameter that
 does not divide over its mesh axes. `jobs.common` re-exports them.
 """
