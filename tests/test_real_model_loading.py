@@ -12,6 +12,7 @@ import json
 import pathlib
 
 from flax import nnx
+import hf_layout
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,13 +75,7 @@ def write_tiny_hf_checkpoint(
 
 
 def _logits(model):
-  tokens = jnp.asarray(
-      np.random.default_rng(1).integers(0, VOCAB, (2, 9)), jnp.int32
-  )
-  positions = jnp.broadcast_to(jnp.arange(9), (2, 9))
-  mask = jnp.tril(jnp.ones((9, 9), bool))[None].repeat(2, 0)
-  logits, _ = model(tokens, positions, None, mask)
-  return np.asarray(logits)
+  return hf_layout.causal_logits(model, VOCAB, 9)
 
 
 @pytest.mark.parametrize("tied", [False, True])

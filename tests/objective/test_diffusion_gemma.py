@@ -162,7 +162,6 @@ def test_train_steps_keep_the_shardings_of_parameters_and_state():
   Otherwise every later step, sampler and scorer program compiles again
   for the layout XLA picked (a replicated norm scale split over fsdp).
   """
-
   mesh = jax.make_mesh((2, 1, 1), ("fsdp", "sp", "tp"),
                        axis_types=(jax.sharding.AxisType.Auto,) * 3,
                        devices=jax.devices()[:2])
