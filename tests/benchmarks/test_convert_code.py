@@ -27,6 +27,7 @@ import _convert_report  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_stages  # noqa: E402  pylint: disable=g-import-not-at-top
 import _timing  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
+import convert_speed  # noqa: E402  pylint: disable=g-import-not-at-top
 
 from tunix_blockdiff.models import checkpoints  # noqa: E402
 from tunix_blockdiff import config as config_lib  # noqa: E402
@@ -457,3 +458,30 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(
   recipe = (out / "peer_kd_certainty" / "recipe.yaml").read_text()
   assert str(out / "ar_peer") in recipe
   assert (out / "convert_code.png").stat().st_size > 1000
+
+  # convert_speed re-decodes the finished run: the same tokens as the run's
+  # own evaluation (at its batch), next to the Sampler's one-step cost.
+  for bad, rule in (
+      (["--stages", "nope"], "lacks .*nope"),
+      (["--stages", "sft_kd", "--batch", "0"], "--batch must be sizes >= 1"),
+      (["--stages", "sft_kd", "--thresholds", "1.5"], "--thresholds must be"),
+      (["--stages", ","], "--stages must be non-empty"),
+  ):
+    with pytest.raises(SystemExit, match=rule):
+      convert_speed.main([str(out), *bad])
+  assert convert_speed.main([
+      str(out), "--stages", "sft_kd", "--thresholds", "0.9",
+      "--batch", str(sizes.eval_batch), "--repeats", "1",
+  ]) == 0
+  speed = json.loads((out / "speed_cpu.json").read_text())["points"]
+  peer, kd = speed
+  assert peer["model"] == "ar_peer" and peer["ar_agreement"] == 1.0
+  assert peer["edit_similarity"] == ar["edit_similarity"]
+  assert 0 < peer["one_step_seconds"] and peer["speedup"] == 1.0
+  (kd_row,) = [
+      r for r in rows if r["model"] == "sft_kd" and r["threshold"] == 0.9
+  ]
+  for key in ("tokens_per_call", "edit_similarity", "ar_agreement"):
+    assert kd[key] == pytest.approx(kd_row[key]), key
+  assert kd["speedup"] == pytest.approx(peer["seconds"] / kd["seconds"])
+  assert "ar_peer, 1 step (fixed cost)" in convert_speed.table(speed, "cpu")
