@@ -12,6 +12,7 @@ model's completion to the AR peer's greedy completion of the same prompt.
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 import time
 from typing import Sequence
@@ -32,6 +33,16 @@ from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.rollout import cached
 
 COMPARED_TOKENS = 64
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalSizes:
+  """The fields of `convert_code.Sizes` that `evaluate_converted` reads."""
+
+  thresholds: tuple[float, ...]
+  eval_batch: int
+  timed_repeats: int
+  steps_per_block: tuple[int, ...] = ()
 
 
 def agreement(

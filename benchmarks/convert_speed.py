@@ -29,7 +29,6 @@ is printed and written to `RUN/speed_<platform>.json`.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -46,21 +45,11 @@ import transformers
 from tunix_blockdiff.models import checkpoints
 
 
-@dataclasses.dataclass(frozen=True)
-class _EvalSizes:
-  """The fields of `convert_code.Sizes` that `evaluate_converted` reads."""
-
-  thresholds: tuple[float, ...]
-  eval_batch: int
-  timed_repeats: int
-  steps_per_block: tuple[int, ...] = ()
-
-
-def _floats(text: str) -> tuple[float, ...]:
+def comma_floats(text: str) -> tuple[float, ...]:
   return tuple(float(v) for v in text.split(",") if v)
 
 
-def _ints(text: str) -> tuple[int, ...]:
+def comma_ints(text: str) -> tuple[int, ...]:
   return tuple(int(v) for v in text.split(",") if v)
 
 
@@ -72,9 +61,9 @@ def _parser() -> argparse.ArgumentParser:
       required=True,
       help="comma-separated converted stages (RUN/<stage>) to decode",
   )
-  parser.add_argument("--thresholds", type=_floats, default=(0.5, 0.7, 0.9))
+  parser.add_argument("--thresholds", type=comma_floats, default=(0.5, 0.7, 0.9))
   parser.add_argument(
-      "--batch", type=_ints, default=(32,), help="comma-separated batch sizes"
+      "--batch", type=comma_ints, default=(32,), help="comma-separated batch sizes"
   )
   parser.add_argument("--repeats", type=int, default=5)
   return parser
@@ -150,7 +139,7 @@ def main(argv=None) -> int:
     }
     log(str(ar))
     points.append(ar)
-    sizes = _EvalSizes(args.thresholds, batch, args.repeats)
+    sizes = _convert_eval.EvalSizes(args.thresholds, batch, args.repeats)
     for stage in stages:
       result = _convert_eval.evaluate_converted(
           run / stage,

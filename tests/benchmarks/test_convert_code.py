@@ -26,6 +26,7 @@ import _convert_eval  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_report  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_stages  # noqa: E402  pylint: disable=g-import-not-at-top
 import _timing  # noqa: E402  pylint: disable=g-import-not-at-top
+import convert_agreement  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_speed  # noqa: E402  pylint: disable=g-import-not-at-top
 
@@ -485,3 +486,27 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(
     assert kd[key] == pytest.approx(kd_row[key]), key
   assert kd["speedup"] == pytest.approx(peer["seconds"] / kd["seconds"])
   assert "ar_peer, 1 step (fixed cost)" in convert_speed.table(speed, "cpu")
+
+  # convert_agreement: a causal student on the KD rows as the yardstick.
+  with pytest.raises(SystemExit, match="--sample must be >= 1"):
+    convert_agreement.main([str(out), "--stages", "sft_kd", "--sample", "0"])
+  with pytest.raises(SystemExit, match="lacks .*nope"):
+    convert_agreement.main([str(out), "--stages", "nope"])
+  assert convert_agreement.main([
+      str(out), "--stages", "sft_kd", "--thresholds", "0.9", "--steps", "2",
+      "--sample", "3", "--batch", str(sizes.eval_batch),
+  ]) == 0
+  agreement = json.loads((out / "agreement.json").read_text())
+  assert agreement["causal_student"]["steps"] == 2
+  got = {(r["prompts"], r["model"]): r for r in agreement["points"]}
+  assert set(got) == {
+      (p, m) for p in ("held_out", "kd_prompts")
+      for m in ("ar_peer", "causal_student", "sft_kd")
+  }
+  assert got["held_out", "ar_peer"]["ar_agreement"] == 1.0
+  # The held-out decoding is the run's own (same stage, threshold, batch).
+  assert got["held_out", "sft_kd"]["ar_agreement"] == pytest.approx(
+      kd_row["ar_agreement"]
+  )
+  for r in agreement["points"]:
+    assert 0.0 <= r["ar_agreement"] <= 1.0
