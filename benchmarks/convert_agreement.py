@@ -208,6 +208,7 @@ def main(argv=None) -> int:
 
 
 def table(results, training) -> str:
+  """One row per (model, decoding): agreement on both prompt sets."""
   lines = [
       f"Agreement with the AR peer's greedy output (first"
       f" {_convert_eval.COMPARED_TOKENS} tokens); causal student:"

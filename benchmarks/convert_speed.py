@@ -16,11 +16,12 @@ process, at each `--batch`:
 Every program is warmed up (compiled) on its first batch, then timed as the
 median of `--repeats` passes over every prompt. The `Sampler` is also timed
 with one generation step: its fixed cost per pass (tokenizing the prompts,
-prefill, detokenizing), which a block decoder given token ids skips. Each point reports edit
-similarity to the reference, agreement with the AR peer's output (both over
-the first 64 tokens, as `convert_code.py`), tokens per call and seconds, and
-the AR peer's seconds over its own at the same batch (`speedup`). The table
-is printed and written to `RUN/speed_<platform>.json`.
+prefill, detokenizing), which a block decoder given token ids skips. Each
+point reports edit similarity to the reference, agreement with the AR
+peer's output (both over the first 64 tokens, as `convert_code.py`), tokens
+per call and seconds, and the AR peer's seconds over its own at the same
+batch (`speedup`). The table is printed and written to
+`RUN/speed_<platform>.json`.
 
     python benchmarks/convert_code.py --out RUN     # train (CPU is fine)
     python benchmarks/convert_speed.py RUN --stages sft_kd_certainty
@@ -46,10 +47,12 @@ from tunix_blockdiff.models import checkpoints
 
 
 def comma_floats(text: str) -> tuple[float, ...]:
+  """`"0.5,0.7"` -> (0.5, 0.7): an argparse type."""
   return tuple(float(v) for v in text.split(",") if v)
 
 
 def comma_ints(text: str) -> tuple[int, ...]:
+  """`"32,128"` -> (32, 128): an argparse type."""
   return tuple(int(v) for v in text.split(",") if v)
 
 
@@ -61,9 +64,14 @@ def _parser() -> argparse.ArgumentParser:
       required=True,
       help="comma-separated converted stages (RUN/<stage>) to decode",
   )
-  parser.add_argument("--thresholds", type=comma_floats, default=(0.5, 0.7, 0.9))
   parser.add_argument(
-      "--batch", type=comma_ints, default=(32,), help="comma-separated batch sizes"
+      "--thresholds", type=comma_floats, default=(0.5, 0.7, 0.9)
+  )
+  parser.add_argument(
+      "--batch",
+      type=comma_ints,
+      default=(32,),
+      help="comma-separated batch sizes",
   )
   parser.add_argument("--repeats", type=int, default=5)
   return parser
@@ -169,6 +177,7 @@ def main(argv=None) -> int:
 
 
 def table(points, device: str) -> str:
+  """The points as a markdown table, each AR row after its one-step cost."""
   lines = [
       f"Held-out prompts decoded on {device} (median of timed passes):",
       "",
