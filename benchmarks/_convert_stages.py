@@ -144,6 +144,7 @@ def sft_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
       f"training.checkpoint_every_n_steps={steps}",
       f"data.seq_len={row_tokens(sizes)}",
       f"data.batch_size={sizes.sft_batch}",
+      f"diffusion.block_size={sizes.block_size}",
       f"eval.batch_size={sizes.eval_batch}",
       f"seed={sizes.seed}",
   ]

@@ -49,19 +49,13 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
-import _causal_lm
 import _code_corpus
 import _convert_eval
 import _convert_report
 import _convert_stages
-from flax import nnx
-import numpy as np
-import omegaconf
-from tunix.models.qwen3 import model as qwen3_lib
+import _pretrain
 
 from tunix_blockdiff.models import checkpoints
-from tunix_blockdiff.models import hf_export
-from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.jobs import common
 
 
@@ -99,6 +93,7 @@ class Sizes:
   distill_prompts: int = 0
   stage_steps: int = 600  # each KD sft stage (on the AR peer's outputs)
   certainty_weight: float = 0.5
+  block_size: int = 4  # every sft stage's diffusion.block_size
   certainty_temperature: float = 1.0
   opd_steps: int = 40
   opd_prompts: int = 8
@@ -143,88 +138,6 @@ QUICK = Sizes(
     eval_batch=4,
     timed_repeats=1,
 )
-
-
-def optimizer(steps: int, lr: float, warmup: int):
-  return common.make_optimizer(
-      omegaconf.OmegaConf.create({
-          "max_steps": steps,
-          "warmup_steps": warmup,
-          "learning_rate": lr,
-          "final_lr_fraction": 0.1,
-          "weight_decay": 0.0,
-          "adam_b2": 0.99,
-          "grad_clip": 1.0,
-      })
-  )
-
-
-def pretrain(sizes: Sizes, tokenizer, files, out: pathlib.Path, log) -> dict:
-  """Tokenizer-encoded training modules -> a causal Qwen3 -> `out` (HF)."""
-  config = tiny_models.qwen3_config(
-      len(tokenizer),
-      num_layers=sizes.num_layers,
-      embed_dim=sizes.embed_dim,
-      hidden_dim=sizes.hidden_dim,
-      num_heads=sizes.num_heads,
-      head_dim=sizes.head_dim,
-      num_kv_heads=sizes.num_kv_heads,
-  )
-  # Tunix 0.1.7 initialises feed-forward kernels to zero, a saddle where they
-  # never receive a gradient: draw them, or the pretrained model has no MLPs.
-  model = tiny_models.random_mlps(
-      qwen3_lib.Qwen3(config, rngs=nnx.Rngs(sizes.seed)), sizes.seed
-  )
-  bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
-  documents = []
-  for path in files:
-    text = _code_corpus.read_text(path)
-    if text:
-      documents.append([bos] + tokenizer.encode(text) + [eos])
-  num_tokens = sum(len(d) for d in documents)
-  log(f"pretraining on {len(documents)} files, {num_tokens} tokens")
-  start = time.perf_counter()
-  losses = _causal_lm.train(
-      model,
-      optimizer(sizes.pretrain_steps, sizes.pretrain_lr, 50),
-      _causal_lm.pretraining_batches(
-          documents,
-          seq_len=sizes.pretrain_seq_len,
-          batch_size=sizes.pretrain_batch,
-          seed=sizes.seed,
-      ),
-      max_steps=sizes.pretrain_steps,
-      pad_id=tokenizer.pad_token_id,
-  )
-  seconds = time.perf_counter() - start
-  hf_export.save_qwen3_hf(
-      model,
-      out,
-      tokenizer_json=out.parent / "tokenizer",
-      bos_token_id=bos,
-      eos_token_id=eos,
-      pad_token_id=tokenizer.pad_token_id,
-  )
-  log(
-      f"pretrained {sizes.pretrain_steps} steps in {seconds:.0f}s, final"
-      f" loss {np.mean(losses[-20:]):.3f}; saved {out}"
-  )
-  return {
-      "files": len(documents),
-      "tokens": num_tokens,
-      "steps": sizes.pretrain_steps,
-      "tokens_seen": (
-          sizes.pretrain_steps * sizes.pretrain_batch * sizes.pretrain_seq_len
-      ),
-      "final_loss": float(np.mean(losses[-20:])),
-      "seconds": seconds,
-      "num_params": int(
-          sum(
-              np.size(v.get_value())
-              for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))
-          )
-      ),
-  }
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -274,6 +187,12 @@ def _parser() -> argparse.ArgumentParser:
           "the certainty stages' base weight (sft_kd_certainty_x4: 4x it;"
           " default: Sizes)"
       ),
+  )
+  parser.add_argument(
+      "--block-size",
+      type=int,
+      default=None,
+      help="every sft stage's diffusion.block_size (default: Sizes, 4)",
   )
   parser.add_argument(
       "--stages",
@@ -343,6 +262,7 @@ def main(argv=None) -> int:
       ("stage_steps", args.stage_steps, lambda v: v >= 1, ">= 1"),
       ("distill_prompts", args.distill_prompts, lambda v: v >= 0, ">= 0"),
       ("certainty_weight", args.certainty_weight, lambda v: v > 0, "> 0"),
+      ("block_size", args.block_size, lambda v: v >= 1, ">= 1"),
   ):
     if value is None:
       continue
@@ -388,7 +308,9 @@ def main(argv=None) -> int:
       out / "tokenizer",
       vocab_size=sizes.vocab_size,
   )
-  pretraining = pretrain(sizes, tokenizer, train_files, out / "ar_base", log)
+  pretraining = _pretrain.pretrain(
+      sizes, tokenizer, train_files, out / "ar_base", log
+  )
   rows = write_rows(
       sizes, tokenizer, {"train": train_files, "eval": eval_files}, out, root
   )

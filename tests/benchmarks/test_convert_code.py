@@ -25,6 +25,7 @@ import _code_corpus  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_eval  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_report  # noqa: E402  pylint: disable=g-import-not-at-top
 import _convert_stages  # noqa: E402  pylint: disable=g-import-not-at-top
+import _pretrain  # noqa: E402  pylint: disable=g-import-not-at-top
 import _timing  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_agreement  # noqa: E402  pylint: disable=g-import-not-at-top
 import convert_code  # noqa: E402  pylint: disable=g-import-not-at-top
@@ -137,6 +138,14 @@ def test_distill_prompts_keep_the_base_first_then_a_seeded_sample(tmp_path):
     )
 
 
+def test_sft_stage_arguments_carry_the_block_size(tmp_path):
+  sizes = dataclasses.replace(convert_code.QUICK, block_size=8)
+  for stage in _convert_stages.STAGES:
+    if stage.command == "sft":
+      args = _convert_stages.sft_args(sizes, tmp_path, stage)
+      assert "diffusion.block_size=8" in args, stage.name
+
+
 def test_split_is_seeded_disjoint_and_complete():
   names = [f"m{i}" for i in range(40)]
   train, held = _code_corpus.split_modules(names, eval_fraction=0.2, seed=3)
@@ -182,7 +191,7 @@ def test_pieces_end_to_end(corpus, tmp_path):
       vocab_size=sizes.vocab_size,
   )
   assert tokenizer.convert_tokens_to_ids("<mask>") == 3
-  pretraining = convert_code.pretrain(
+  pretraining = _pretrain.pretrain(
       sizes, tokenizer, train_files, tmp_path / "ar_base", print
   )
   assert pretraining["steps"] == sizes.pretrain_steps
@@ -377,6 +386,8 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(
     convert_code.main(["--quick", "--certainty-weight", "0", "--out", str(out)])
   with pytest.raises(SystemExit, match="--distill-prompts must be >= 0"):
     convert_code.main(["--quick", "--distill-prompts", "-1", "--out", str(out)])
+  with pytest.raises(SystemExit, match="--block-size must be >= 1"):
+    convert_code.main(["--quick", "--block-size", "0", "--out", str(out)])
   assert "peer_kd_certainty" not in convert_code.Sizes().stages
   # A stage named alone still runs its parents first (and reports only it).
   calls = []
@@ -436,6 +447,7 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(
   )
   heavy = omegaconf.OmegaConf.load(out / "sft_kd_certainty_x4" / "recipe.yaml")
   assert heavy.diffusion.certainty_weight == 4 * sizes.certainty_weight
+  assert heavy.diffusion.block_size == sizes.block_size == 4
   assert compute["sft_kd"]["extra_token_slots"] == (
       sizes.stage_steps * sizes.sft_batch
       * (sizes.prompt_tokens + sizes.completion_tokens + 2)
