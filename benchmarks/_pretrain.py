@@ -25,6 +25,7 @@ from tunix_blockdiff.models import tiny as tiny_models
 
 
 def optimizer(steps: int, lr: float, warmup: int):
+  """The pretraining optimizer: the jobs' AdamW schedule, no weight decay."""
   return common.make_optimizer(
       omegaconf.OmegaConf.create({
           "max_steps": steps,
