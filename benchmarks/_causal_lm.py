@@ -13,8 +13,11 @@ from typing import Iterator, Sequence
 import _timing
 import jax.numpy as jnp
 import numpy as np
+import omegaconf
 from tunix.generate import sampler as sampler_lib
 from tunix.sft import peft_trainer
+
+from tunix_blockdiff.jobs import common
 
 
 def model_inputs(pad_id: int):
@@ -132,6 +135,32 @@ def sft_batches(
       yield peft_trainer.TrainingInput(
           input_tokens=tokens[index], input_mask=mask[index]
       )
+
+
+def fine_tune(
+    model, pairs, recipe, *, pad_id: int, max_steps: int | None = None
+) -> list:
+  """Causal fine-tuning on (prompt, completion) pairs with a recipe's budget.
+
+  `recipe` is an sft recipe: its `training` section (the optimizer and its
+  schedule; `max_steps` unless given), `data.seq_len`, `data.batch_size` and
+  `seed`. Returns the losses (`train`).
+  """
+  steps = int(max_steps or recipe.training.max_steps)
+  training = omegaconf.OmegaConf.merge(recipe.training, {"max_steps": steps})
+  return train(
+      model,
+      common.make_optimizer(training),
+      sft_batches(
+          pairs,
+          seq_len=int(recipe.data.seq_len),
+          batch_size=int(recipe.data.batch_size),
+          pad_id=pad_id,
+          seed=int(recipe.seed),
+      ),
+      max_steps=steps,
+      pad_id=pad_id,
+  )
 
 
 def greedy_generate(

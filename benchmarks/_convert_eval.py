@@ -236,19 +236,7 @@ def ar_peer(
   ]
   steps = int(cfg.training.max_steps)
   clock = time.perf_counter()
-  losses = _causal_lm.train(
-      model,
-      common.make_optimizer(cfg.training),
-      _causal_lm.sft_batches(
-          pairs,
-          seq_len=int(cfg.data.seq_len),
-          batch_size=int(cfg.data.batch_size),
-          pad_id=tokenizer.pad_id(),
-          seed=int(cfg.seed),
-      ),
-      max_steps=steps,
-      pad_id=tokenizer.pad_id(),
-  )
+  losses = _causal_lm.fine_tune(model, pairs, cfg, pad_id=tokenizer.pad_id())
   train_seconds = time.perf_counter() - clock
   log(
       f"AR peer: {steps} causal steps in {train_seconds:.0f}s, final loss"

@@ -37,7 +37,7 @@ import _causal_lm
 import _code_corpus
 import _convert_eval
 import _convert_stages
-import convert_speed
+import _run_args
 import numpy as np
 import omegaconf
 import transformers
@@ -48,17 +48,13 @@ from tunix_blockdiff.models import checkpoints
 
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("run", help="a convert_code.py --out directory")
-  parser.add_argument(
-      "--stages",
-      required=True,
-      help=(
+  _run_args.add_run_arguments(
+      parser,
+      stages_help=(
           "comma-separated block-diffusion stages (RUN/<stage>); the first"
           " one's recipe sets the causal student's budget"
       ),
-  )
-  parser.add_argument(
-      "--thresholds", type=convert_speed.comma_floats, default=(0.7, 1.0)
+      thresholds=(0.7, 1.0),
   )
   parser.add_argument(
       "--sample", type=int, default=128, help="KD rows whose prompts to decode"
@@ -73,34 +69,17 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def train_causal_student(run: pathlib.Path, recipe, tokenizer, steps: int):
-  """A causal LM from `RUN/ar_base` on the KD rows, with `recipe`'s budget."""
-  rows = _code_corpus.read_jsonl(run / _convert_stages.DISTILLED)
-  pairs = [
-      common.encode_pair(tokenizer, r["prompt"], r["completion"]) for r in rows
-  ]
+def train_causal_student(run: pathlib.Path, recipe, pairs, pad_id, steps):
+  """A causal LM from `RUN/ar_base` on the KD `pairs`, `recipe`'s budget."""
   model = checkpoints.load_qwen3(run / "ar_base")
-  training = omegaconf.OmegaConf.merge(
-      recipe.training, {"max_steps": steps}
-  )
   clock = time.perf_counter()
-  losses = _causal_lm.train(
-      model,
-      common.make_optimizer(training),
-      _causal_lm.sft_batches(
-          pairs,
-          seq_len=int(recipe.data.seq_len),
-          batch_size=int(recipe.data.batch_size),
-          pad_id=tokenizer.pad_id(),
-          seed=int(recipe.seed),
-      ),
-      max_steps=steps,
-      pad_id=tokenizer.pad_id(),
+  losses = _causal_lm.fine_tune(
+      model, pairs, recipe, pad_id=pad_id, max_steps=steps
   )
   return model, {
       "steps": steps,
       "batch_size": int(recipe.data.batch_size),
-      "learning_rate": float(training.learning_rate),
+      "learning_rate": float(recipe.training.learning_rate),
       "final_train_loss": float(np.mean(losses[-20:])),
       "train_seconds": time.perf_counter() - clock,
   }
@@ -108,27 +87,16 @@ def train_causal_student(run: pathlib.Path, recipe, tokenizer, steps: int):
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
-  run = pathlib.Path(args.run).expanduser().resolve()
-  stages = [s for s in args.stages.split(",") if s]
-  for name, ok, rule in (
-      ("--stages", bool(stages), "non-empty"),
-      ("--sample", args.sample >= 1, ">= 1"),
-      ("--batch", args.batch >= 1, ">= 1"),
-      ("--steps", args.steps is None or args.steps >= 1, ">= 1"),
+  run, stages = _run_args.checked_run(
+      "convert_agreement",
+      args,
       (
-          "--thresholds",
-          bool(args.thresholds) and all(0 < t <= 1 for t in args.thresholds),
-          "values in (0, 1]",
+          ("--sample", args.sample >= 1, ">= 1"),
+          ("--batch", args.batch >= 1, ">= 1"),
+          ("--steps", args.steps is None or args.steps >= 1, ">= 1"),
       ),
-  ):
-    if not ok:
-      raise SystemExit(f"convert_agreement: {name} must be {rule}")
-  needed = ["ar_base", "ar_peer", "sft_eval.jsonl", _convert_stages.DISTILLED]
-  missing = [
-      str(run / p) for p in needed + stages if not (run / p).exists()
-  ]
-  if missing:
-    raise SystemExit(f"convert_agreement: {run} lacks {', '.join(missing)}")
+      needed=("ar_base", _convert_stages.DISTILLED),
+  )
 
   def log(message: str) -> None:
     print(f"[convert_agreement] {message}", file=sys.stderr, flush=True)
@@ -139,21 +107,23 @@ def main(argv=None) -> int:
   )
   recipe = omegaconf.OmegaConf.load(run / stages[0] / common.RECIPE_FILE)
   steps = args.steps or int(recipe.training.max_steps)
-  student, training = train_causal_student(run, recipe, tokenizer, steps)
-  log(f"causal student: {training}")
   kd_rows = _code_corpus.read_jsonl(run / _convert_stages.DISTILLED)
+  pairs = [
+      common.encode_pair(tokenizer, r["prompt"], r["completion"])
+      for r in kd_rows
+  ]
+  student, training = train_causal_student(
+      run, recipe, pairs, tokenizer.pad_id(), steps
+  )
+  log(f"causal student: {training}")
   pick = np.random.default_rng(0).permutation(len(kd_rows))[: args.sample]
   prompt_sets = {
       "held_out": _code_corpus.read_jsonl(run / "sft_eval.jsonl"),
       "kd_prompts": [kd_rows[i] for i in sorted(pick)],
   }
   peer = checkpoints.load_qwen3(run / "ar_peer")
-  # The Sampler's prompt width: the longest prompt of either set, plus BOS.
-  width = 1 + max(
-      len(tokenizer.encode(r["prompt"]))
-      for rows in prompt_sets.values()
-      for r in rows
-  )
+  # The Sampler's prompt width, as in the run (every KD prompt fits it too).
+  width = 1 + _run_args.prompt_tokens(run)
   results = []
   for set_name, rows in prompt_sets.items():
 
@@ -219,8 +189,8 @@ def table(results, training) -> str:
       "|---|---|---:|---:|---:|",
   ]
   keyed = {(r["model"], r["threshold"], r["prompts"]): r for r in results}
-  for model, threshold, _ in dict.fromkeys(
-      (r["model"], r["threshold"], None) for r in results
+  for model, threshold in dict.fromkeys(
+      (r["model"], r["threshold"]) for r in results
   ):
     held = keyed[model, threshold, "held_out"]
     kd = keyed[model, threshold, "kd_prompts"]

@@ -40,36 +40,23 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _causal_lm
 import _code_corpus
 import _convert_eval
+import _run_args
 import jax
 import transformers
 
 from tunix_blockdiff.models import checkpoints
 
 
-def comma_floats(text: str) -> tuple[float, ...]:
-  """`"0.5,0.7"` -> (0.5, 0.7): an argparse type."""
-  return tuple(float(v) for v in text.split(",") if v)
-
-
-def comma_ints(text: str) -> tuple[int, ...]:
-  """`"32,128"` -> (32, 128): an argparse type."""
-  return tuple(int(v) for v in text.split(",") if v)
-
-
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  parser.add_argument("run", help="a convert_code.py --out directory")
-  parser.add_argument(
-      "--stages",
-      required=True,
-      help="comma-separated converted stages (RUN/<stage>) to decode",
-  )
-  parser.add_argument(
-      "--thresholds", type=comma_floats, default=(0.5, 0.7, 0.9)
+  _run_args.add_run_arguments(
+      parser,
+      stages_help="comma-separated converted stages (RUN/<stage>) to decode",
+      thresholds=(0.5, 0.7, 0.9),
   )
   parser.add_argument(
       "--batch",
-      type=comma_ints,
+      type=_run_args.comma_ints,
       default=(32,),
       help="comma-separated batch sizes",
   )
@@ -79,37 +66,21 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
-  run = pathlib.Path(args.run).expanduser().resolve()
-  stages = [s for s in args.stages.split(",") if s]
-  for name, ok, rule in (
-      ("--stages", bool(stages), "non-empty"),
-      ("--batch", bool(args.batch) and min(args.batch) >= 1, "sizes >= 1"),
-      ("--repeats", args.repeats >= 1, ">= 1"),
+  run, stages = _run_args.checked_run(
+      "convert_speed",
+      args,
       (
-          "--thresholds",
-          bool(args.thresholds) and all(0 < t <= 1 for t in args.thresholds),
-          "values in (0, 1]",
+          ("--batch", bool(args.batch) and min(args.batch) >= 1, "sizes >= 1"),
+          ("--repeats", args.repeats >= 1, ">= 1"),
       ),
-  ):
-    if not ok:
-      raise SystemExit(f"convert_speed: {name} must be {rule}")
-  missing = [
-      str(p)
-      for p in [run / "ar_peer", run / "sft_eval.jsonl", run / "summary.json"]
-      + [run / s for s in stages]
-      if not p.exists()
-  ]
-  if missing:
-    raise SystemExit(f"convert_speed: {run} lacks {', '.join(missing)}")
+  )
 
   def log(message: str) -> None:
     print(f"[convert_speed] {message}", file=sys.stderr, flush=True)
 
   rows = _code_corpus.read_jsonl(run / "sft_eval.jsonl")
   # The run's prompt budget sets the Sampler's prompt width, as it did there.
-  prompt_tokens = json.loads((run / "summary.json").read_text())["sizes"][
-      "prompt_tokens"
-  ]
+  prompt_tokens = _run_args.prompt_tokens(run)
   tokenizer = checkpoints.HFTokenizer(run / "ar_peer")
   sampler_tokenizer = transformers.AutoTokenizer.from_pretrained(
       str(run / "ar_peer")
