@@ -19,7 +19,7 @@ COMMANDS = {
     "opd": "on-policy distillation into a block-diffusion student",
     "bench": "run a benchmark script from benchmarks/",
     "launch": "run N local processes of a command as one JAX distributed job",
-    "distill-data": "an AR checkpoint's own completions of prompts, as SFT jsonl",
+    "distill-data": "a model's own completions of prompts, as SFT jsonl",
 }
 
 USAGE = "usage: tunix-blockdiff {%s} [RECIPE.yaml] [key=value ...]\n\n%s" % (

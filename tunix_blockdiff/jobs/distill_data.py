@@ -1,11 +1,19 @@
-"""`tunix-blockdiff distill-data HF_DIR PROMPTS OUT.jsonl`: distillation data.
+"""`tunix-blockdiff distill-data CHECKPOINT PROMPTS OUT.jsonl`: distillation data.
 
 Sequence-level distillation data for a conversion that decodes in parallel:
-an autoregressive Hugging Face checkpoint (any family `models.checkpoints.
-load_hf` reads: Qwen3, Qwen2, Llama3, Gemma3) completes every prompt of a
-prompts file with Tunix's own `Sampler`, greedily by default, and each
-completion is written as a `{"prompt", "completion"}` jsonl row, so any SFT
-recipe trains on the model's own outputs with `dataset.train=OUT.jsonl`.
+a checkpoint completes every prompt of a prompts file and each completion is
+written as a `{"prompt", "completion"}` jsonl row, so any SFT recipe trains
+on the model's own outputs with `dataset.train=OUT.jsonl`. The checkpoint
+is either
+- an autoregressive Hugging Face directory (any family `models.checkpoints.
+  load_hf` reads: Qwen3, Qwen2, Llama3, Gemma3), decoded with Tunix's own
+  `Sampler`, greedily by default (`distill_ar`); or
+- a block-diffusion checkpoint: the output_dir of an `sft`, `opd` or `rl`
+  run, or a directory `export` wrote, decoded with the block-KV-cached
+  denoiser under `--threshold` (default 0.9) or `--steps-per-block`: its own
+  trajectories, for certainty-forcing self-distillation (`distill_diffusion`).
+  `--top-p`, `--dtype` and `--eos-token` are the AR path's and are refused
+  here: the run's settings decide.
 
 Prompts are read through `tunix_blockdiff.data` (jsonl, parquet or a
 `save_to_disk` directory): a row is `{"prompt": str}` (other fields, such as
@@ -35,12 +43,14 @@ from tunix_blockdiff import errors
 from tunix_blockdiff.data import prompts as prompts_lib
 from tunix_blockdiff.data import rows as rows_lib
 from tunix_blockdiff.data import sources as sources_lib
-from tunix_blockdiff.models import hf_configs
+from tunix_blockdiff.jobs import distill_ar
+from tunix_blockdiff.jobs import distill_diffusion
 
-USAGE = "usage: tunix-blockdiff distill-data HF_DIR PROMPTS OUT.jsonl [options]"
+USAGE = (
+    "usage: tunix-blockdiff distill-data CHECKPOINT PROMPTS OUT.jsonl [options]"
+)
+DEFAULT_THRESHOLD = 0.9
 DTYPES = ("float32", "bfloat16")
-# Any of these makes a directory hold a Hugging Face tokenizer.
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,8 +67,11 @@ def _parser() -> argparse.ArgumentParser:
       description=__doc__.split("\n\n", 1)[1],
       formatter_class=argparse.RawDescriptionHelpFormatter,
   )
-  parser.add_argument("checkpoint", metavar="HF_DIR",
-                      help="Hugging Face model directory (with its tokenizer)")
+  parser.add_argument(
+      "checkpoint", metavar="CHECKPOINT",
+      help="an AR Hugging Face model directory (with its tokenizer), or a"
+      " block-diffusion run's output_dir or exported directory",
+  )
   parser.add_argument("prompts", metavar="PROMPTS",
                       help="prompts file(s): a path or a glob")
   parser.add_argument("output", metavar="OUT.jsonl",
@@ -75,7 +88,17 @@ def _parser() -> argparse.ArgumentParser:
                       default="skip")
   parser.add_argument("--format", choices=sources_lib.FORMATS, default="auto",
                       help="prompts file format (default: by extension)")
-  parser.add_argument("--dtype", choices=DTYPES, default="float32")
+  parser.add_argument(
+      "--threshold", type=float, default=None,
+      help="block-diffusion checkpoint: the confidence threshold of its"
+      f" schedule (default {DEFAULT_THRESHOLD})",
+  )
+  parser.add_argument(
+      "--steps-per-block", type=int, default=None,
+      help="block-diffusion checkpoint: a static schedule instead",
+  )
+  parser.add_argument("--dtype", choices=DTYPES, default=None,
+                      help="AR checkpoint: its dtype (default float32)")
   parser.add_argument("--eos-token", default=None,
                       help="stop token (default: the tokenizer's EOS)")
   parser.add_argument("--overwrite", action="store_true",
@@ -88,17 +111,22 @@ class Options:
   """Validated options of `distill-data` (flag names in the messages).
 
   Attributes:
-    checkpoint: Hugging Face model directory.
+    checkpoint: An AR Hugging Face model directory, or a block-diffusion
+      run's output_dir or exported directory.
     prompts: Prompts file(s): a path, a glob.
     output: The jsonl file written.
     max_new_tokens: Decoding steps per prompt (>= 1).
-    batch_size: Prompts per `Sampler` call (>= 1).
+    batch_size: Prompts per decoding call (>= 1).
     temperature: 0 for greedy; > 0 samples.
     top_p: Nucleus threshold in (0, 1] when sampling (None: 1).
     seed: Sampling seed (batch i uses `fold_in(PRNGKey(seed), i)`).
     bad_rows: `skip` or `error`.
     format: Prompts file format (`data.sources.FORMATS`).
-    dtype: Model dtype (`float32` or `bfloat16`).
+    threshold: Block-diffusion checkpoint: the schedule's confidence
+      threshold, 0 < t <= 1 (None: `DEFAULT_THRESHOLD`).
+    steps_per_block: Block-diffusion checkpoint: a static schedule (>= 1).
+    dtype: AR checkpoint: model dtype (`float32` or `bfloat16`; None:
+      float32).
     eos_token: Optional stop token (default: the tokenizer's EOS).
     overwrite: Replace a non-empty output file.
   """
@@ -113,7 +141,9 @@ class Options:
   seed: int = 0
   bad_rows: str = "skip"
   format: str = "auto"
-  dtype: str = "float32"
+  threshold: float | None = None
+  steps_per_block: int | None = None
+  dtype: str | None = None
   eos_token: str | None = None
   overwrite: bool = False
 
@@ -145,7 +175,15 @@ class Options:
           f"--bad-rows must be one of {rows_lib.BAD_ROW_POLICIES}, got"
           f" {self.bad_rows!r}"
       )
-    if self.dtype not in DTYPES:
+    if self.threshold is not None and not 0.0 < self.threshold <= 1.0:
+      raise errors.UsageError(
+          f"--threshold must satisfy 0 < threshold <= 1, got {self.threshold}"
+      )
+    if self.steps_per_block is not None and self.steps_per_block < 1:
+      raise errors.UsageError(
+          f"--steps-per-block must be >= 1, got {self.steps_per_block}"
+      )
+    if self.dtype is not None and self.dtype not in DTYPES:
       raise errors.UsageError(f"--dtype must be one of {DTYPES}, got {self.dtype!r}")
 
   @property
@@ -160,36 +198,6 @@ def parse_args(argv: Sequence[str]) -> Options:
   """`Options` from the command line; a bad one is a `UsageError`."""
   args = vars(_parser().parse_args(list(argv)))
   return Options(**args)
-
-
-def check_checkpoint(path: str) -> pathlib.Path:
-  """`path` as a Hugging Face model directory with a tokenizer, or raises.
-
-  Raises:
-    MissingFileError: No such directory, or no config.json, *.safetensors
-      or tokenizer files in it.
-    UsageError: config.json is not JSON or not of a supported family.
-  """
-  directory = pathlib.Path(path).expanduser()
-  what = "a Hugging Face model directory (config.json, *.safetensors, tokenizer)"
-  if not directory.is_dir():
-    raise errors.MissingFileError(f"checkpoint {path} is not a directory: need {what}")
-  if not (directory / "config.json").is_file():
-    raise errors.MissingFileError(f"checkpoint {path} has no config.json: need {what}")
-  if not list(directory.glob("*.safetensors")):
-    raise errors.MissingFileError(
-        f"checkpoint {path} has no *.safetensors files: need {what}"
-    )
-  if not any((directory / name).is_file() for name in _TOKENIZER_FILES):
-    raise errors.MissingFileError(
-        f"checkpoint {path} has no tokenizer files (one of {_TOKENIZER_FILES})"
-    )
-  try:
-    hf_config = json.loads((directory / "config.json").read_text())
-    hf_configs.family_of(hf_config)
-  except (json.JSONDecodeError, ValueError) as e:
-    raise errors.UsageError(f"checkpoint {path}: {errors.one_line(e)}") from None
-  return directory
 
 
 def check_output(path: str, overwrite: bool) -> pathlib.Path:
@@ -212,100 +220,6 @@ def cut_at_eos(ids: Sequence[int], eos_id: int) -> tuple[list[int], bool]:
   return ids, False
 
 
-def sample_completions(
-    model,
-    tokenizer,
-    prompts: Sequence[str],
-    *,
-    max_new_tokens: int,
-    batch_size: int,
-    temperature: float = 0.0,
-    top_p: float | None = None,
-    seed: int = 0,
-) -> list[list[int]]:
-  """Each prompt's generated token ids, with Tunix's `Sampler`.
-
-  One compiled program: every call has `batch_size` rows (the last batch is
-  padded by repeating its last prompt) and the prompt width of the longest
-  prompt. Greedy when `top_p` is None (Tunix's rule); otherwise nucleus
-  sampling at `temperature`, batch i with key `fold_in(PRNGKey(seed), i)`.
-
-  Args:
-    model: A Tunix causal LM.
-    tokenizer: The checkpoint's tokenizer (`encode`, `decode`, `bos_id`,
-      `eos_id`, `pad_id`); the Sampler adds BOS.
-    prompts: Prompt strings.
-    max_new_tokens: Decoding steps.
-    batch_size: Rows per call.
-    temperature: Sampling temperature (> 0 when `top_p` is set).
-    top_p: Nucleus threshold; None: greedy.
-    seed: Sampling seed.
-
-  Returns:
-    Per prompt, the ids the Sampler returns (ending before its first EOS,
-    or `max_new_tokens` long).
-  """
-  import jax  # pylint: disable=g-import-not-at-top
-  from tunix.generate import sampler as sampler_lib  # pylint: disable=g-import-not-at-top
-
-  config = model.config
-
-  def make_sampler(cache_size: int):
-    return sampler_lib.Sampler(
-        model,
-        tokenizer,
-        sampler_lib.CacheConfig(
-            cache_size=cache_size,
-            num_layers=config.num_layers,
-            num_kv_heads=config.num_kv_heads,
-            head_dim=config.head_dim,
-        ),
-    )
-
-  # The prompt width as the Sampler tokenizes (BOS and all); building a
-  # Sampler compiles nothing.
-  probe = make_sampler(1)
-  max_prompt_length = max(len(probe.tokenize(p)) for p in prompts)
-  sampler = make_sampler(max_prompt_length + max_new_tokens)
-  out = []
-  for i, start in enumerate(range(0, len(prompts), batch_size)):
-    chunk = list(prompts[start : start + batch_size])
-    real = len(chunk)
-    chunk += [chunk[-1]] * (batch_size - real)
-    result = sampler(
-        chunk,
-        max_generation_steps=max_new_tokens,
-        max_prompt_length=max_prompt_length,
-        temperature=temperature,
-        top_p=top_p,
-        seed=jax.random.fold_in(jax.random.PRNGKey(seed), i),
-        eos_tokens=[tokenizer.eos_id()],
-    )
-    out.extend([int(t) for t in tokens] for tokens in list(result.tokens)[:real])
-  return out
-
-
-def _load_tokenizer(directory: pathlib.Path, eos_token: str | None):
-  from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
-
-  try:
-    tokenizer = checkpoints.HFTokenizer(directory, eos_token=eos_token)
-  except (OSError, ValueError) as e:
-    raise errors.UsageError(
-        f"cannot load the tokenizer of {directory}: {errors.one_line(e)}"
-    ) from None
-  try:
-    eos = tokenizer.eos_id()
-  except TypeError:  # int(None): the tokenizer names no EOS.
-    eos = None
-  if eos is None or (eos_token and eos == tokenizer.unk_id()):
-    raise errors.UsageError(
-        f"the tokenizer of {directory} has no EOS token"
-        + (f" {eos_token!r}" if eos_token else "; pass --eos-token")
-    )
-  return tokenizer
-
-
 def write_rows(path: pathlib.Path, rows: Sequence[Mapping[str, str]]) -> None:
   """Writes jsonl rows to `path` atomically (a sibling file, then renamed)."""
   path.parent.mkdir(parents=True, exist_ok=True)
@@ -316,42 +230,97 @@ def write_rows(path: pathlib.Path, rows: Sequence[Mapping[str, str]]) -> None:
   os.replace(partial, path)
 
 
-def run(options: Options) -> dict[str, Any]:
-  """Checks everything, generates, writes `options.output`; the summary.
+def _refuse(options: Options, flags, kind: str) -> None:
+  """A `UsageError` naming the first of `flags` (name, value) that is set."""
+  for name, value in flags:
+    if value is not None:
+      raise errors.UsageError(
+          f"{name} does not apply to {options.checkpoint}: it is {kind}"
+      )
 
-  Every check that needs no model (checkpoint directory, output file,
-  tokenizer, every prompt row) runs before the model is loaded.
 
-  Returns:
-    `{"output", "rows", "skipped_rows", "empty", "truncated"}`.
+def _generator(options: Options):
+  """(tokenizer, prompts, generate) with every check done, no model loaded.
+
+  `generate()` loads the model and returns each prompt's generated ids.
   """
   from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
 
-  directory = check_checkpoint(options.checkpoint)
-  output = check_output(options.output, options.overwrite)
-  tokenizer = _load_tokenizer(directory, options.eos_token)
+  found = distill_diffusion.find(options.checkpoint)
+  if found is not None:
+    _refuse(
+        options,
+        (("--top-p", options.top_p), ("--dtype", options.dtype),
+         ("--eos-token", options.eos_token)),
+        "a block-diffusion checkpoint (its run's settings decide)",
+    )
+    source = distill_diffusion.open_source(found)
+    tokenizer = source.tokenizer
+  else:
+    _refuse(
+        options,
+        (("--threshold", options.threshold),
+         ("--steps-per-block", options.steps_per_block)),
+        "an AR checkpoint (not a block-diffusion run or export)",
+    )
+    directory = distill_ar.check_checkpoint(options.checkpoint)
+    tokenizer = distill_ar.load_tokenizer(directory, options.eos_token)
   prompts = prompts_lib.read_prompts(
       options.prompts,
       tokenizer,
       file_format=options.format,
       bad_rows=options.bad_rows,
   )
-  try:
-    model = checkpoints.load_hf(directory, dtype=options.dtype)
-  except ValueError as e:
-    raise errors.UsageError(
-        f"checkpoint {options.checkpoint}: {errors.one_line(e)}"
-    ) from None
-  generated = sample_completions(
-      model,
-      tokenizer,
-      prompts.texts,
-      max_new_tokens=options.max_new_tokens,
-      batch_size=options.batch_size,
-      temperature=options.temperature,
-      top_p=options.sampling_top_p,
-      seed=options.seed,
-  )
+
+  def generate() -> list[list[int]]:
+    if found is not None:
+      return distill_diffusion.denoise_completions(
+          distill_diffusion.load_model(source),
+          source,
+          prompts.texts,
+          max_new_tokens=options.max_new_tokens,
+          batch_size=options.batch_size,
+          threshold=(
+              DEFAULT_THRESHOLD
+              if options.threshold is None
+              else options.threshold
+          ),
+          steps_per_block=options.steps_per_block,
+          temperature=options.temperature,
+          seed=options.seed,
+      )
+    try:
+      model = checkpoints.load_hf(directory, dtype=options.dtype or "float32")
+    except ValueError as e:
+      raise errors.UsageError(
+          f"checkpoint {options.checkpoint}: {errors.one_line(e)}"
+      ) from None
+    return distill_ar.sample_completions(
+        model,
+        tokenizer,
+        prompts.texts,
+        max_new_tokens=options.max_new_tokens,
+        batch_size=options.batch_size,
+        temperature=options.temperature,
+        top_p=options.sampling_top_p,
+        seed=options.seed,
+    )
+
+  return tokenizer, prompts, generate
+
+
+def run(options: Options) -> dict[str, Any]:
+  """Checks everything, generates, writes `options.output`; the summary.
+
+  Every check that needs no model (checkpoint directory and kind, output
+  file, tokenizer, every prompt row) runs before the model is loaded.
+
+  Returns:
+    `{"output", "rows", "skipped_rows", "empty", "truncated"}`.
+  """
+  output = check_output(options.output, options.overwrite)
+  tokenizer, prompts, generate = _generator(options)
+  generated = generate()
   rows, empty, truncated = [], 0, 0
   for prompt, ids in zip(prompts.texts, generated):
     ids, stopped = cut_at_eos(ids, tokenizer.eos_id())
@@ -387,13 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 __all__ = [
+    "DEFAULT_THRESHOLD",
     "Options",
-    "check_checkpoint",
     "check_output",
     "cut_at_eos",
     "main",
     "parse_args",
     "run",
-    "sample_completions",
     "write_rows",
 ]
