@@ -13,11 +13,16 @@ per stage), each starting from the previous stage's output:
     RUN/ar_peer --sft dataset.train=RUN/distilled.jsonl ...certainty...-->
         RUN/peer_kd_certainty (the task-tuned AR model converted on its own
         outputs)
+    RUN/sft_kd_certainty_x4 --distill-data --threshold T--> RUN/self_....jsonl
+    RUN/sft_kd_certainty_x4_hf --sft dataset.train=RUN/self_....jsonl
+        ...certainty...--> RUN/sft_kd_certainty_x4_self (self-distillation)
 
 `RUN/distilled.jsonl` is `tunix-blockdiff distill-data RUN/ar_peer
 RUN/distill_prompts.jsonl`: the AR peer's greedy completions of the training
 prompts (with `--distill-prompts N`, also of function prefixes of the same
-training modules: `_code_corpus.distill_prompts`). Each stage's training
+training modules: `_code_corpus.distill_prompts`). A self-distillation stage
+trains on its parent's own decodes of the same prompts (`distill-data
+RUN/PARENT ... --threshold T`, the block-diffusion path). Each stage's training
 compute is counted as steps x batch x tokens per row (the padded width the
 step runs on); a chain from the AR peer counts the peer's causal fine-tuning
 as its first stage.
@@ -57,6 +62,8 @@ class Stage:
     source: The Hugging Face directory under RUN a stage without a parent
       converts: the AR base, or `ar_peer` (the AR model fine-tuned on the
       task, which is also the distillation teacher).
+    self_distilled: Train on the parent's own threshold decodes of the
+      distillation prompts (`self_data`) instead (needs a parent).
   """
 
   name: str
@@ -66,6 +73,7 @@ class Stage:
   lora: bool = False
   certainty: float = 0.0
   source: str = "ar_base"
+  self_distilled: bool = False
 
 
 # The certainty term is measured on the KD stage (`sft_kd_certainty` against
@@ -75,6 +83,9 @@ class Stage:
 # the certainty term on its own greedy completions (one stage, the KD budget).
 # `sft_kd_certainty_x4` is `sft_kd_certainty` with a 4x heavier term (fixed in
 # advance, not picked on the held-out modules): how far certainty alone goes.
+# `sft_kd_certainty_x4_self` continues it on its own decodes at
+# `Sizes.self_threshold` with the same term: dParallel's certainty-forcing
+# self-distillation (the KD budget again).
 STAGES = (
     Stage("sft", "sft"),
     Stage("sft_lora", "sft", lora=True),
@@ -88,6 +99,13 @@ STAGES = (
         parent="sft",
         distilled=True,
         certainty=4.0,
+    ),
+    Stage(
+        "sft_kd_certainty_x4_self",
+        "sft",
+        parent="sft_kd_certainty_x4",
+        certainty=4.0,
+        self_distilled=True,
     ),
     Stage("sft_opd", "opd", parent="sft"),
     Stage("sft_kd_certainty_opd", "opd", parent="sft_kd_certainty"),
@@ -123,15 +141,25 @@ def row_tokens(sizes) -> int:
   return 1 + sizes.prompt_tokens + sizes.completion_tokens + 1
 
 
+def self_data(parent: str) -> str:
+  """The jsonl file of `parent`'s own decodes of the distillation prompts."""
+  return f"self_{parent}.jsonl"
+
+
 def sft_steps(sizes, stage: Stage) -> int:
   """An sft stage's steps: the KD budget on distilled rows, else sft's."""
-  return sizes.stage_steps if stage.distilled else sizes.sft_steps
+  if stage.distilled or stage.self_distilled:
+    return sizes.stage_steps
+  return sizes.sft_steps
 
 
 def sft_args(sizes, run: pathlib.Path, stage: Stage) -> list[str]:
   """The `sft convert_code.yaml ...` arguments of an sft stage."""
   base = run / (stage.source if stage.parent is None else f"{stage.parent}_hf")
-  data = run / (DISTILLED if stage.distilled else "sft_train.jsonl")
+  if stage.self_distilled:
+    data = run / self_data(stage.parent)
+  else:
+    data = run / (DISTILLED if stage.distilled else "sft_train.jsonl")
   steps = sft_steps(sizes, stage)
   args = [
       str(RECIPE),
@@ -214,9 +242,30 @@ def compute(kind: str, steps: int, batch: int, tokens: int, seconds: float):
   }
 
 
-def distill(sizes, run: pathlib.Path, log) -> dict[str, Any]:
-  """Writes RUN/distilled.jsonl; its generation cost (inference)."""
-  seconds = run_cli(["distill-data", *distill_args(sizes, run)], log)
+def self_distill_args(sizes, run: pathlib.Path, parent: str) -> list[str]:
+  """`distill-data` of a block-diffusion stage on the same prompts."""
+  return [
+      str(run / parent),
+      str(run / DISTILL_PROMPTS),
+      str(run / self_data(parent)),
+      f"--threshold={sizes.self_threshold}",
+      f"--max-new-tokens={sizes.completion_tokens}",
+      f"--batch-size={sizes.eval_batch}",
+      "--overwrite",
+  ]
+
+
+def distill(sizes, run: pathlib.Path, log, parent=None) -> dict[str, Any]:
+  """Writes RUN/distilled.jsonl (or `parent`'s own decodes); its cost.
+
+  The cost is inference: decoding batches x batch x tokens per row.
+  """
+  args = (
+      distill_args(sizes, run)
+      if parent is None
+      else self_distill_args(sizes, run, parent)
+  )
+  seconds = run_cli(["distill-data", *args], log)
   num_prompts = sum(
       1 for line in (run / DISTILL_PROMPTS).open() if line.strip()
   )
@@ -248,6 +297,7 @@ def run_stage(sizes, run: pathlib.Path, stage: Stage, log) -> dict[str, Any]:
         for suffix, on in (
             ("+lora", stage.lora),
             ("+kd", stage.distilled),
+            ("+self", stage.self_distilled),
             (certainty_label(stage.certainty), stage.certainty),
         )
         if on
@@ -279,17 +329,21 @@ def run_all(
   Returns:
     name -> `{"stages": [records along its chain], "extra_token_slots":
     training token slots beyond its first stage, "distill_token_slots":
-    the distillation data's generation, when its chain uses it}`.
+    the distillation data's generation (the AR peer's and, for a
+    self-distillation stage, its parent's), when its chain uses it}`.
   """
   records: dict[str, dict] = {}
   exported: set[str] = set()
   distilled = None
+  self_distilled: dict[str, dict] = {}
   for stage in stages:
     for step in chain(stage.name):
       if step.name in records:
         continue
       if step.distilled and distilled is None:
         distilled = distill(sizes, run, log)
+      if step.self_distilled:
+        self_distilled[step.name] = distill(sizes, run, log, step.parent)
       if step.command == "sft" and step.parent and step.parent not in exported:
         export(run, step.parent, log)
         exported.add(step.parent)
@@ -302,12 +356,18 @@ def run_all(
     if path[0].source in sources:
       steps = [sources[path[0].source], *steps]
     uses_kd = any(s.distilled for s in path)
+    decodes = [self_distilled[s.name] for s in path if s.self_distilled]
     out[stage.name] = {
         "stages": steps,
         "extra_token_slots": sum(s["token_slots"] for s in steps[1:]),
-        "distill_token_slots": distilled["token_slots"] if uses_kd else 0,
+        "distill_token_slots": (
+            (distilled["token_slots"] if uses_kd else 0)
+            + sum(d["token_slots"] for d in decodes)
+        ),
         "train_seconds": sum(s["seconds"] for s in steps),
     }
     if uses_kd:
       out[stage.name]["distill"] = distilled
+    if decodes:
+      out[stage.name]["self_distill"] = decodes
   return out

@@ -95,6 +95,9 @@ class Sizes:
   certainty_weight: float = 0.5
   block_size: int = 4  # every sft stage's diffusion.block_size
   certainty_temperature: float = 1.0
+  # The threshold at which a self-distillation stage decodes its own rows:
+  # the grid's highest (fixed in advance).
+  self_threshold: float = 0.9
   opd_steps: int = 40
   opd_prompts: int = 8
   opd_lr: float = 3e-4

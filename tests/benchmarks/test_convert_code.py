@@ -453,6 +453,31 @@ def test_quick_run_on_another_corpus_writes_every_stage_row(
       * (sizes.prompt_tokens + sizes.completion_tokens + 2)
   )
   assert compute["sft_kd"]["distill_token_slots"] > 0
+  # Self-distillation: the x4 stage's own decodes of the same prompts, with
+  # the same term, the KD budget again; their decoding counted as inference.
+  self_stage = compute["sft_kd_certainty_x4_self"]
+  assert [s["stage"] for s in self_stage["stages"]] == [
+      "sft", "sft+kd+certainty x4", "sft+self+certainty x4"
+  ]
+  assert self_stage["extra_token_slots"] == 2 * (
+      compute["sft_kd"]["extra_token_slots"]
+  )
+  (decodes,) = self_stage["self_distill"]
+  assert self_stage["distill_token_slots"] == (
+      compute["sft_kd"]["distill_token_slots"] + decodes["token_slots"]
+  )
+  own = _code_corpus.read_jsonl(out / "self_sft_kd_certainty_x4.jsonl")
+  distilled = _code_corpus.read_jsonl(out / "distilled.jsonl")
+  assert own and {r["prompt"] for r in own} <= {
+      r["prompt"] for r in _code_corpus.read_jsonl(out / "distill_prompts.jsonl")
+  }
+  assert [r["completion"] for r in own] != [r["completion"] for r in distilled]
+  again = omegaconf.OmegaConf.load(
+      out / "sft_kd_certainty_x4_self" / "recipe.yaml"
+  )
+  assert again.dataset.train == str(out / "self_sft_kd_certainty_x4.jsonl")
+  assert again.model.path == str(out / "sft_kd_certainty_x4_hf")
+  assert again.diffusion.certainty_weight == 4 * sizes.certainty_weight
   # The teacher completed the train prompts and more prefixes of train files.
   prompts = _code_corpus.read_jsonl(out / "distill_prompts.jsonl")
   train = _code_corpus.read_jsonl(out / "sft_train.jsonl")
