@@ -160,4 +160,9 @@ def test_the_checkpoint_kind_is_found_and_foreign_flags_are_refused(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert needle in err, err
+  dg = tmp_path / "dg_run"
+  dg.mkdir()
+  (dg / "recipe.yaml").write_text("model:\n  kind: tiny_diffusion_gemma\n")
+  assert cli.main(["distill-data", str(dg), str(prompts), target]) == 2
+  assert "is a DiffusionGemma run" in capsys.readouterr().err
   assert not (tmp_path / "out.jsonl").exists()

@@ -74,6 +74,14 @@ def open_source(directory: pathlib.Path) -> Source:
         exported.diffusion_config(found),
     )
   recipe = omegaconf.OmegaConf.load(directory / common.RECIPE_FILE)
+  from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+
+  if diffusion_gemma.is_recipe(recipe):
+    raise errors.UsageError(
+        f"{directory} is a DiffusionGemma run, which distill-data does not"
+        " decode: it decodes runs of the Tunix families (qwen3, qwen2, llama3,"
+        " gemma3)"
+    )
   try:
     diffusion = common.diffusion_config_from(recipe.diffusion)
   except (TypeError, ValueError) as e:
