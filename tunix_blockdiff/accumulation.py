@@ -313,8 +313,9 @@ class TokenWeightedTrainer(ExactAccumulation, peft_trainer.PeftTrainer):
         model, optimizer, base_config, metrics_logger=metrics_logger, **kwargs
     )
     self._setup_accumulation(training_config, accumulation)
-    # The restored or fresh state, placed alike (one compile of each step).
-    layouts.commit_to_one_device(self.model, self.optimizer, self.grad_sums)
+    # The restored or fresh state, placed alike (one compile of each step),
+    # on the mesh the trainer runs under when there is one.
+    layouts.place_unsharded(self.model, self.optimizer, self.grad_sums)
 
   # The exact-accumulation train step (google-tunix <= 0.1.7).
 

@@ -19,38 +19,7 @@ from tunix_blockdiff import layouts
 from tunix_blockdiff import models as models_lib
 
 
-def check_model_fits_mesh(model, mesh: jax.sharding.Mesh) -> None:
-  """Every parameter dimension divides over the mesh axes it is sharded on.
-
-  Tunix's partition specs shard heads, KV heads, the vocabulary and the MLP
-  width over `tp` and the model width over `fsdp`; a size that does not
-  divide fails here, naming the parameter, instead of inside XLA.
-
-  Raises:
-    ValueError: A parameter dimension is not a multiple of its mesh axes.
-  """
-  state = nnx.state(model)
-  specs = nnx.get_partition_spec(state)
-  leaves = jax.tree_util.tree_leaves_with_path(state)
-  spec_leaves = jax.tree_util.tree_leaves(
-      specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec)
-  )
-  for (path, value), spec in zip(leaves, spec_leaves):
-    if not isinstance(spec, jax.sharding.PartitionSpec):
-      continue
-    for dim, axes in enumerate(spec):
-      names = axes if isinstance(axes, tuple) else (axes,)
-      names = [n for n in names if n is not None and n in mesh.shape]
-      size = int(np.prod([mesh.shape[n] for n in names], dtype=np.int64))
-      if size > 1 and value.shape[dim] % size:
-        axes_text = " * ".join(f"mesh.{n}={mesh.shape[n]}" for n in names)
-        raise ValueError(
-            f"parameter {jax.tree_util.keystr(path)} of shape"
-            f" {tuple(value.shape)} is sharded over {axes_text} on dimension"
-            f" {dim} (size {value.shape[dim]}), which is not a multiple of"
-            f" {size}: pick mesh sizes that divide the model's heads, KV"
-            " heads, widths and vocabulary"
-        )
+check_model_fits_mesh = layouts.check_fits_mesh
 
 
 def shard_model(model, mesh: jax.sharding.Mesh | None):
@@ -74,18 +43,9 @@ def shard_model(model, mesh: jax.sharding.Mesh | None):
   # Several processes: Tunix's reshard device_puts onto devices of other
   # processes, which JAX refuses. Every process holds the same host model
   # (same seed, same checkpoint), so each builds its own shards from it.
-  graphdef, state = nnx.split(model)
-
-  def place(x, spec):
-    if isinstance(x, jax.Array) and not x.is_fully_addressable:
-      return x
-    host = np.asarray(x)
-    sharding = jax.sharding.NamedSharding(mesh, spec)
-    return jax.make_array_from_callback(host.shape, sharding,
-                                        lambda index: host[index])
-
-  return nnx.merge(graphdef, jax.tree.map(place, state,
-                                          nnx.get_partition_spec(state)))
+  placed = nnx.merge(*nnx.split(model))
+  layouts.place_on_mesh(placed, mesh)
+  return placed
 
 
 def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
