@@ -87,11 +87,39 @@ def kill_after_checkpoint(
   process.stderr.close()
 
 
+def clear_blocked(out: pathlib.Path) -> None:
+  """Removes the `BLOCKED*` marks of a kill, before killing the run again."""
+  for mark in (out / "checkpoints").glob("BLOCKED*"):
+    mark.unlink()
+
+
+def files(out: pathlib.Path) -> dict[str, tuple[int, int]]:
+  """(size, mtime_ns) of every file under `out`, by relative path."""
+  return {
+      str(p.relative_to(out)): (p.stat().st_size, p.stat().st_mtime_ns)
+      for p in sorted(out.rglob("*")) if p.is_file()
+  }
+
+
+def assert_relaunch_changes_nothing(argv: Sequence[str], out: pathlib.Path,
+                                    capsys) -> None:
+  """Relaunching a finished run: exit 0, says so, writes no file."""
+  from tunix_blockdiff import cli  # pylint: disable=g-import-not-at-top
+
+  before = files(out)
+  capsys.readouterr()
+  assert cli.main([*argv, f"output_dir={out}"]) == 0
+  captured = capsys.readouterr()
+  assert "already holds a finished" in captured.err
+  assert "wrote" in captured.out
+  assert files(out) == before
+
+
 def summary(directory: pathlib.Path, drop: Sequence[str] = ()) -> dict:
   """`summary.json` without its wall-clock times, the recipe and `drop`."""
   values = json.loads((directory / "summary.json").read_text())
   for key in list(values):
-    if key.endswith("seconds") or key == "recipe" or key in drop:
+    if key.endswith("seconds") or key.endswith("recipe") or key in drop:
       values.pop(key)
   return values
 

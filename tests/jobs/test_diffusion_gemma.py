@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import dg_sizes
+import kill_resume
 from flax import nnx
 import jax
 import numpy as np
@@ -77,6 +78,17 @@ def test_sft_generate_and_killed_resume_to_the_same_parameters(tmp_path,
   resumed = json.loads((out / "summary.json").read_text())
   assert resumed["train_losses"] == pytest.approx(
       summary["train_losses"][-len(resumed["train_losses"]):], rel=1e-5)
+  # Relaunching the finished run changes nothing; killed right after its
+  # last checkpoint (no summary yet), it trains nothing and evaluates the
+  # same model.
+  kill_resume.assert_relaunch_changes_nothing(run, out, capsys)
+  (out / "summary.json").unlink()
+  assert cli.main([*run, f"output_dir={out}"]) == 0
+  again = json.loads((out / "summary.json").read_text())
+  assert again["train_steps"] == 12 and again["train_losses"] == []
+  for key in ("eval_loss", "eval_exact_match", "tokens_per_forward"):
+    assert again[key] == pytest.approx(resumed[key], rel=1e-6), key
+  assert _params(out)[0] == 12
 
 
 def _hf_checkpoint(tmp_path):

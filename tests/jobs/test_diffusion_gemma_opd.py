@@ -5,6 +5,7 @@ import json
 import dg_sizes
 from flax import nnx
 import hf_layout
+import kill_resume
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -49,7 +50,7 @@ def test_opd_trains_a_diffusion_gemma_student_on_the_teachers_likelihood(
     student, tmp_path, capsys):
   out = tmp_path / "opd"
   assert cli.main([*OPD, f"student.checkpoint={student}",
-                   f"output_dir={out}"]) == 0
+                   "opd.checkpoint_every_n_steps=2", f"output_dir={out}"]) == 0
   summary = json.loads((out / "summary.json").read_text())
   assert summary["policy_family"] == "diffusion_gemma"
   assert summary["divergence_kind"] == "teacher_cross_entropy"
@@ -71,6 +72,20 @@ def test_opd_trains_a_diffusion_gemma_student_on_the_teachers_likelihood(
   assert cli.main(["generate", str(out), "color=false",
                    "prompts=[rev 123456]", "max_new_tokens=8"]) == 0
   assert "forward passes per token" in capsys.readouterr().out
+  # Relaunching the finished run changes nothing; killed right after its
+  # last checkpoint and policy save (no summary yet), the relaunch resumes
+  # at step 2 and rewrites the same policy and summary.
+  run = [*OPD, f"student.checkpoint={student}", "opd.checkpoint_every_n_steps=2"]
+  kill_resume.assert_relaunch_changes_nothing(run, out, capsys)
+  (out / "summary.json").unlink()
+  assert cli.main([*run, f"output_dir={out}"]) == 0
+  assert "resuming from the checkpoint of step 2" in capsys.readouterr().err
+  kill_resume.assert_same_summary(kill_resume.summary(out),
+                                  {k: v for k, v in summary.items()
+                                   if not k.endswith(("recipe", "seconds"))})
+  _, rewritten = _params(out / "policy")
+  for got, want in zip(rewritten, after, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
 def test_teacher_log_prob_is_the_causal_log_likelihood_per_token():

@@ -113,6 +113,18 @@ def test_rl_takes_a_diffusion_gemma_sft_run_resumes_and_runs_on_2_processes(
   _, resumed = _params(killed / "policy")
   for got, want in zip(resumed, after, strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  # Relaunching the finished run changes nothing; killed right after its
+  # last checkpoint and policy save (no summary yet), the relaunch resumes
+  # at step 2 and rewrites the same policy and summary.
+  kill_resume.assert_relaunch_changes_nothing(run, killed, capsys)
+  (killed / "summary.json").unlink()
+  assert cli.main([*run, f"output_dir={killed}"]) == 0
+  assert "resuming from the checkpoint of step 2" in capsys.readouterr().err
+  kill_resume.assert_same_summary(kill_resume.summary(killed),
+                                  kill_resume.summary(out))
+  _, rewritten = _params(killed / "policy")
+  for got, want in zip(rewritten, after, strict=True):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   capsys.readouterr()
   cli.main(["generate", str(out / "policy"), "color=false",
             "prompts=[rev 123456]", "max_new_tokens=8"])

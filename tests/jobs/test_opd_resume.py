@@ -3,7 +3,8 @@
 The killed run is a `tunix-blockdiff opd` process in which the checkpoint
 manager, once step 2 is committed, blocks forever (`kill_resume.BLOCKER`,
 a test-only patch loaded before the CLI); it is killed there and the same command is run again on
-the same output_dir. The resumed run must restore the in-job AR teacher
+the same output_dir, killed again right after its last checkpoint, and
+relaunched once more. The resumed run must restore the in-job AR teacher
 (not train it again), the student, its optimizer, the rollout RNG and the
 divergence history, and end with an uninterrupted run's summary and
 student.
@@ -44,7 +45,7 @@ def _params(directory):
 
 
 def test_killed_opd_resumes_to_the_uninterrupted_result(
-    untrained_policy, tmp_path
+    untrained_policy, tmp_path, capsys
 ):
   run = [*RUN, f"student.checkpoint={untrained_policy}"]
   assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
@@ -53,7 +54,14 @@ def test_killed_opd_resumes_to_the_uninterrupted_result(
   assert rl_checkpoints.latest_step(killed) == 2
   assert (killed / "checkpoints" / "teacher").is_dir()
   assert not (killed / "summary.json").exists()
+  # Relaunched, and killed again right after its last checkpoint (step 4).
+  kill_resume.clear_blocked(killed)
+  kill_resume.kill_after_checkpoint(run, killed, 4, tmp_path)
+  assert rl_checkpoints.latest_step(killed) == 4
+  assert not (killed / "summary.json").exists()
+  capsys.readouterr()
   assert cli.main([*run, f"output_dir={killed}"]) == 0
+  assert "resuming from the checkpoint of step 4" in capsys.readouterr().err
 
   one = kill_resume.summary(tmp_path / "one")
   two = kill_resume.summary(killed)
@@ -66,4 +74,11 @@ def test_killed_opd_resumes_to_the_uninterrupted_result(
       assert two[key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
     elif key != "train_divergence":
       assert two[key] == value, key
+  kill_resume.assert_same_params(_params(killed), _params(tmp_path / "one"))
+  # Relaunching the finished run changes nothing; with its summary gone
+  # (killed after the policy was saved) it rewrites the same policy step.
+  kill_resume.assert_relaunch_changes_nothing(run, killed, capsys)
+  (killed / "summary.json").unlink()
+  assert cli.main([*run, f"output_dir={killed}"]) == 0
+  kill_resume.assert_same_summary(kill_resume.summary(killed), two, rtol=1e-6)
   kill_resume.assert_same_params(_params(killed), _params(tmp_path / "one"))

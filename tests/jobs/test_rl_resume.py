@@ -1,5 +1,10 @@
 """rl checkpoints: SIGKILL after a checkpoint, relaunch, same end as one run.
 
+Killed after step 2, relaunched and killed again right after its last
+checkpoint (step 4), relaunched: the end of one uninterrupted run. A
+relaunch of the finished run is a no-op, and one whose summary is missing
+rewrites the same policy step.
+
 The killed run is a `tunix-blockdiff rl` process whose checkpoint manager
 blocks once the checkpoint of step 2 is committed (`kill_resume.BLOCKER`);
 it is killed there and the same command is run again on the same
@@ -80,11 +85,18 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
                                     python_path=[reward_module])
   assert rl_checkpoints.latest_step(killed) == 2
   assert not (killed / "summary.json").exists()
+  # Relaunched, and killed again right after its last checkpoint (step 4),
+  # before it wrote its policy and summary.
+  kill_resume.clear_blocked(killed)
+  kill_resume.kill_after_checkpoint(run, killed, 4, tmp_path,
+                                    python_path=[reward_module])
+  assert rl_checkpoints.latest_step(killed) == 4
+  assert not (killed / "summary.json").exists()
   capsys.readouterr()
   assert cli.main([*run, f"output_dir={killed}"]) == 0
   log = capsys.readouterr().err  # Progress lines, as sft prints them.
-  assert "resuming from the checkpoint of step 2" in log
-  assert "step 4/4" in log and "step 2/4" not in log
+  assert "resuming from the checkpoint of step 4" in log
+  assert "step 3/4" not in log and "step 4/4" not in log
 
   one = kill_resume.summary(tmp_path / "one")
   two = kill_resume.summary(killed)
@@ -96,6 +108,13 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
       assert two[key] == pytest.approx(value, abs=1e-6), key
     else:
       assert two[key] == value, key
+  kill_resume.assert_same_params(_params(killed), _params(tmp_path / "one"))
+  # Relaunching the finished run changes nothing; and with its summary gone
+  # (killed after the policy was saved) it rewrites the same policy step.
+  kill_resume.assert_relaunch_changes_nothing(run, killed, capsys)
+  (killed / "summary.json").unlink()
+  assert cli.main([*run, f"output_dir={killed}"]) == 0
+  kill_resume.assert_same_summary(kill_resume.summary(killed), one, rtol=1e-6)
   kill_resume.assert_same_params(_params(killed), _params(tmp_path / "one"))
   # The final policy is a run directory the next stages load: opd on the rl
   # run, then generate and rl on the opd run.

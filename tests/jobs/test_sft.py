@@ -3,6 +3,7 @@
 import json
 import math
 
+import kill_resume
 import numpy as np
 import omegaconf
 import pytest
@@ -60,6 +61,18 @@ def test_cli_sft_end_to_end_writes_summary_figure_and_checkpoints(
   assert omegaconf.OmegaConf.load(out / "recipe.yaml").training.max_steps == 4
   assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["4"]
   assert "eval_exact_match" in capsys.readouterr().out
+  # Relaunching the finished run changes nothing.
+  kill_resume.assert_relaunch_changes_nothing(["sft", *TINY], out, capsys)
+  # Killed right after its last checkpoint (no summary yet): the relaunch
+  # trains nothing and evaluates the same model.
+  (out / "summary.json").unlink()
+  assert cli.main(["sft", f"output_dir={out}", *TINY]) == 0
+  assert "resuming from the checkpoint of step 4" in capsys.readouterr().err
+  again = json.loads((out / "summary.json").read_text())
+  assert again["train_steps"] == 4 and again["train_losses"] == []
+  for key in ("eval_loss", "eval_exact_match", "tokens_per_step"):
+    assert again[key] == pytest.approx(summary[key], rel=1e-6), key
+  assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["4"]
 
 
 def test_default_recipe_and_overrides():

@@ -14,6 +14,7 @@ run's outputs (resolved recipe, `summary.json`, figures).
 from __future__ import annotations
 
 import contextlib
+import copy
 import pathlib
 import sys
 from typing import Any, NamedTuple, Sequence
@@ -40,6 +41,7 @@ from tunix_blockdiff.jobs.model_setup import lora_enabled
 from tunix_blockdiff.jobs.model_setup import model_vocab_size
 from tunix_blockdiff.jobs.model_setup import shard_model
 from tunix_blockdiff.jobs.model_setup import traced_lora
+from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs.outputs import _jsonable
 from tunix_blockdiff.jobs.outputs import plot_training_figure
 from tunix_blockdiff.jobs.outputs import prepare_output_dir
@@ -358,7 +360,18 @@ def job_main(
   cfg = load_recipe(argv, default_recipe=default_recipe)
   # Before anything touches a JAX backend; no-op without `distributed`.
   distributed.initialize(to_dict(cfg.get("distributed")))
-  summary = run(cfg)
+  summary = outputs.finished_summary(cfg)
+  if summary is None:
+    requested = copy.deepcopy(cfg)
+    summary = run(cfg)
+    outputs.mark_finished(requested)
+  elif distributed.is_main_process():
+    print(
+        f"{cfg.output_dir} already holds a finished {command} run of this"
+        " recipe: nothing to do (another output_dir, or changed keys such as"
+        " more steps, run or resume it)",
+        file=sys.stderr,
+    )
   if distributed.is_main_process():
     print("\n".join(f"{k}: {summary[k]}" for k in keys))
     print(f"wrote {pathlib.Path(cfg.output_dir) / SUMMARY_FILE}")

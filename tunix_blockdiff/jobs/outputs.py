@@ -54,10 +54,62 @@ def write_summary(
   path = pathlib.Path(out) / SUMMARY_FILE
   if not distributed.is_main_process():
     return path
-  path.write_text(
+  # Atomically: a run whose summary is whole is finished (`finished_summary`).
+  tmp = path.with_suffix(".tmp")
+  tmp.write_text(
       json.dumps(_jsonable(summary), indent=2, sort_keys=True) + "\n"
   )
+  tmp.replace(path)
   return path
+
+
+REQUESTED_RECIPE_KEY = "requested_recipe"
+
+
+def _requested(cfg: omegaconf.DictConfig) -> Any:
+  return _jsonable(omegaconf.OmegaConf.to_container(cfg, resolve=True))
+
+
+def mark_finished(cfg: omegaconf.DictConfig) -> None:
+  """Adds the recipe as it was requested to the run's `summary.json`.
+
+  Jobs resolve some keys while they run (a prompt width sized from the
+  rows, say), so the summary's `recipe` is not what the command asked for;
+  this key is, and `finished_summary` compares a relaunch against it.
+
+  Args:
+    cfg: The recipe as loaded, before the job ran (a copy of it).
+  """
+  path = pathlib.Path(cfg.output_dir).expanduser() / SUMMARY_FILE
+  if not distributed.is_main_process() or not path.is_file():
+    return
+  summary = json.loads(path.read_text())
+  summary[REQUESTED_RECIPE_KEY] = _requested(cfg)
+  write_summary(path.parent, summary)
+
+
+def finished_summary(cfg: omegaconf.DictConfig) -> dict[str, Any] | None:
+  """The summary of a finished run of this very recipe in its output_dir.
+
+  A job writes `summary.json` last, and `mark_finished` adds the recipe as
+  requested; when both are there and that recipe equals `cfg`, relaunching
+  the same command has nothing left to do (a changed recipe, e.g. more
+  steps, resumes instead).
+
+  Returns:
+    The summary, or None (no finished run, or another recipe's).
+  """
+  path = pathlib.Path(cfg.output_dir).expanduser() / SUMMARY_FILE
+  if not path.is_file():
+    return None
+  try:
+    summary = json.loads(path.read_text())
+  except json.JSONDecodeError:
+    return None
+  if (not isinstance(summary, dict)
+      or summary.get(REQUESTED_RECIPE_KEY) != _requested(cfg)):
+    return None
+  return summary
 
 
 class Stopwatch:
@@ -201,6 +253,8 @@ __all__ = [
     "RECIPE_FILE",
     "ProgressLines",
     "SUMMARY_FILE",
+    "finished_summary",
+    "mark_finished",
     "Stopwatch",
     "plot_training_figure",
     "prepare_output_dir",

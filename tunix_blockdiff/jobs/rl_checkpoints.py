@@ -215,9 +215,16 @@ def save_policy(out: pathlib.Path, model, policy_cfg, step: int) -> pathlib.Path
   last, so a `policy/recipe.yaml` always has its checkpoint.
   """
   directory = out / POLICY_SUBDIR
+  step = max(int(step), 1)
+  # A relaunch that resumed at the last step (killed after that checkpoint)
+  # trains nothing and saves the same step again: rewrite it.
+  existing = ocp.CheckpointManager(str(directory / CHECKPOINT_SUBDIR))
+  if step in existing.all_steps():
+    existing.delete(step)
+  existing.close()
   manager = checkpoint_lib.CheckpointManager(str(directory / CHECKPOINT_SUBDIR))
   manager.save(
-      max(int(step), 1),
+      step,
       model,
       save_only_lora_params=common.lora_enabled(policy_cfg.get("lora")),
       force=True,
