@@ -6,14 +6,14 @@ calls the model only on one block-wide window per row against a KV cache of
 the row's clean earlier blocks, so the cost of a step is proportional to the
 block, not the sequence.
 
-Cache layout. The cache holds each row in *logical* order: cache slot k is
-the row's logical position k, for k < T = ceil((P + N) / W) * W; the last
-2W slots are scratch where the model writes the keys and values of the
-current call (its shared write index `end_index` is set to T before every
-call). Visibility comes only from the attention mask [B, Q, T + 2W], so rows
-need not agree on anything: each row keeps its own logical block grid and its
-own active block, exactly as in `denoise` (rows advance independently, so the
-commit steps match the cacheless program).
+Cache layout. The cache holds each row in *logical* order: slot k is the
+row's logical position k, for k < T = ceil((P + N) / W) * W (per layer
+`[B, K, T, H]`, `window_attention.Cache`). A row attends to its slots
+[0, written) and to the call's own window (`window_attention.window_call`,
+which reads the cache and returns the window's keys instead of writing
+them), so rows need not agree on anything: each row keeps its own logical
+block grid and its own active block, exactly as in `denoise` (rows advance
+independently, so the commit steps match the cacheless program).
 
 Blocks. The grid is absolute from logical position 0. The complete prompt
 blocks of each row (`floor(len / W)` of them) are prefilled once. A prompt
@@ -21,10 +21,15 @@ whose length is not a multiple of W shares its last block with the first
 completion slots; under block-causal attention those prompt slots attend to
 the (changing) completion slots, so that block is denoised like any other,
 its prompt slots fixed clean. A block's clean keys and values are written
-once, when it is final: the first step of the next block runs the model on
-`[finished block | active block]` (2W slots), keeps the finished half's
-keys and values in the cache and discards the rest; the other steps run on
-the active block alone and keep nothing.
+once, when it is final: the first step of the next block (a *fused* step)
+runs the model on `[finished block | active block]` (2W slots) and writes
+the finished half's keys and values at the row's slots [written, written +
+W) in place; the other (*plain*) steps run on the active block alone and
+write nothing.
+
+Loop. No `lax.cond` picks between the two call shapes (a conditional that
+updates the cache makes XLA copy all of it): each outer iteration makes one
+fused step, then plain steps while no row has a finished block to write.
 
 With `alignment='shifted'` the first slot of a block is predicted by the
 logit of the previous block's last slot, which is computed (under clean
@@ -42,10 +47,10 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import models
-from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
+from tunix_blockdiff.rollout import window_attention
 
 
 class _CachedState(NamedTuple):
@@ -55,9 +60,15 @@ class _CachedState(NamedTuple):
   logprobs: jax.Array  # float32 [B, T]
   block_steps: jax.Array  # int32 [B]
   last_block: jax.Array  # int32 [B]
-  cache: Any
-  written: jax.Array  # int32 [B] cache slots [0, written) hold clean keys
-  carry: jax.Array  # float32 [B, V] logit of slot written - 1 (shifted)
+  cache: window_attention.Cache  # slots [0, fresh_start) hold clean keys
+  written: jax.Array  # int32 [B] slots [0, written) are final, clean keys
+  # The block finished by the last fused step, not yet in `cache`: its keys
+  # [B, K, W, H] per layer, its slot and whether each row finished one.
+  fresh: window_attention.Cache
+  fresh_start: jax.Array  # int32 [B]
+  fresh_valid: jax.Array  # bool [B]
+  carry: jax.Array  # float32 [B, V] logit of slot written - 1 (shifted;
+  # [B, 1] zeros otherwise)
 
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
@@ -65,7 +76,6 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
   total = -(-(prompt_width + num_new) // width) * width  # T
-  cache_len = total + 2 * width
   slot = jnp.arange(total, dtype=jnp.int32)[None, :]
   lengths = lengths.astype(jnp.int32)
   ends = lengths + num_new  # logical end of each row
@@ -81,70 +91,63 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   ).astype(jnp.int32)
   positions = jnp.broadcast_to(slot, (batch, total))
   offsets = jnp.arange(width, dtype=jnp.int32)
-  kv_slot = jnp.arange(cache_len, dtype=jnp.int32)[None, None, :]
 
-  def call(tokens, call_positions, cache, mask):
-    logits, new_cache = modeling.fresh_view(model)(
-        tokens, call_positions, cache, mask
-    )
-    return logits.astype(jnp.float32), new_cache
-
-  try:
-    vocab = models.model_vocab_size(model)
-  except ValueError:  # A module without a config: trace one slot.
-    vocab = jax.eval_shape(
-        lambda: call(
-            tokens0[:, :1],
-            positions[:, :1],
-            None,
-            jnp.ones((batch, 1, 1), jnp.bool_),
-        )[0]
-    ).shape[-1]
+  vocab = models.model_vocab_size(model)
   denoise_lib.check_vocab(vocab, config)
 
+  def call(tokens, call_positions, parts, window_mask):
+    """(logits [B, Q, V], keys, values) of a window; the parts are read."""
+    return window_attention.window_call(
+        model, tokens, call_positions, parts, window_mask)
+
   # Prefill the complete prompt blocks: slots [0, floor(len / W) * W).
-  cache = kv_cache.init_cache(model, batch, cache_len)
+  cache = window_attention.init_cache(
+      model, batch, total, kv_cache.activation_dtype(model))
   written = (lengths // width) * width
-  carry = jnp.zeros((batch, vocab), jnp.float32)
+  # The shifted alignment's carried logit; a placeholder otherwise.
+  shifted = config.alignment == "shifted"
+  carry = jnp.zeros((batch, vocab if shifted else 1), jnp.float32)
   prefill_len = (prompt_width // width) * width
   if prefill_len:
-    q_block = jnp.arange(prefill_len, dtype=jnp.int32)[None, :, None] // width
-    mask = (kv_slot < written[:, None, None]) & (kv_slot // width <= q_block)
-    logits, cache = call(
-        tokens0[:, :prefill_len],
-        positions[:, :prefill_len],
-        kv_cache.at_write_index(cache, 0),
-        mask,
-    )
-    last = jnp.clip(written - 1, 0, prefill_len - 1)
-    carry = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+    q_slot = jnp.arange(prefill_len, dtype=jnp.int32)
+    keys_ok = q_slot[None, :] < written[:, None]
+    mask = keys_ok[:, None, :] & (
+        q_slot[None, None, :] // width <= q_slot[None, :, None] // width)
+    logits, keys, values = call(
+        tokens0[:, :prefill_len], positions[:, :prefill_len], [], mask)
+    cache = window_attention.write_rows(
+        cache, window_attention.as_block(keys, values, prefill_len),
+        jnp.zeros_like(written))
+    if shifted:
+      last = jnp.clip(written - 1, 0, prefill_len - 1)
+      carry = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
 
   def align(raw_logits, carry):
     if config.alignment == "same_position":
       return raw_logits
     return jnp.concatenate([carry[:, None], raw_logits[:, :-1]], axis=1)
 
-  def plain_call(operands):
-    """Active window only; the returned cache is dropped."""
-    state, block_start, window_valid, _ = operands
+  def plain_call(state, block_start, window_valid, pending):
+    """Active window only, against the cache and the fresh block."""
+    del pending
     tokens = kv_cache.row_slice(state.tokens, block_start, width)
-    mask = (kv_slot < state.written[:, None, None]) | (
-        (kv_slot >= total)
-        & (kv_slot < total + width)
-        & kv_cache.scratch_valid(window_valid, total, cache_len)[:, None, :]
-    )
-    mask = jnp.broadcast_to(mask, (batch, width, cache_len))
-    logits, _ = call(
-        tokens,
-        block_start[:, None] + offsets[None, :],
-        kv_cache.at_write_index(state.cache, total),
-        mask,
-    )
-    return align(logits, state.carry), state.cache, state.written, state.carry
+    mask = jnp.broadcast_to(window_valid[:, None, :], (batch, width, width))
+    parts = [
+        (state.cache, slot < state.fresh_start[:, None]),
+        (state.fresh,
+         jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
+    ]
+    logits, _, _ = call(tokens, block_start[:, None] + offsets[None, :],
+                        parts, mask)
+    return align(logits, state.carry), state
 
-  def fused_call(operands):
-    """[finished block | active window]: keeps the finished block's keys."""
-    state, block_start, window_valid, pending = operands
+  def fused_call(state, block_start, window_valid, pending):
+    """[finished block | active window]; the finished half becomes fresh."""
+    # The previous fresh block goes into the cache first, so that the
+    # cache is written only where nothing of this step has read it yet
+    # (XLA then writes in place instead of copying the cache).
+    cache = window_attention.write_rows(state.cache, state.fresh,
+                                        state.fresh_start)
     write_start = state.written
     write_positions = write_start[:, None] + offsets[None, :]
     write_valid = pending[:, None] & (write_positions < ends[:, None])
@@ -158,59 +161,44 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     call_positions = jnp.concatenate(
         [write_positions, block_start[:, None] + offsets[None, :]], axis=1
     )
-    prefix = kv_slot < state.written[:, None, None]
-    write_keys = kv_cache.scratch_valid(write_valid, total, cache_len)[
-        :, None, :
-    ]
-    active_keys = kv_cache.scratch_valid(
-        window_valid, total + width, cache_len
-    )[:, None, :]
-    mask = jnp.concatenate(
-        [
-            jnp.broadcast_to(prefix | write_keys, (batch, width, cache_len)),
-            jnp.broadcast_to(
-                prefix | write_keys | active_keys, (batch, width, cache_len)
-            ),
-        ],
-        axis=1,
-    )
-    logits, new_cache = call(
-        tokens,
-        call_positions,
-        kv_cache.at_write_index(state.cache, total),
-        mask,
-    )
-    cache = kv_cache.copy_scratch(
-        state.cache, new_cache, total, width, write_start, pending
-    )
-    carry = jnp.where(pending[:, None], logits[:, width - 1], state.carry)
-    written = jnp.where(pending, state.written + width, state.written)
-    return align(logits[:, width:], carry), cache, written, carry
-
-  def cond(state: _CachedState):
-    return jnp.any(
-        denoise_lib.row_status(
-            state.tokens, state.commit_step, positions, completion, config
-        ).live
+    keys_ok = jnp.concatenate([write_valid, window_valid], axis=1)
+    # The finished half sees itself; the active half sees both halves.
+    sees_active = jnp.arange(2 * width) >= width
+    mask = keys_ok[:, None, :] & (
+        sees_active[None, :, None] | ~sees_active[None, None, :])
+    logits, keys, values = call(
+        tokens, call_positions, [(cache, slot < state.written[:, None])],
+        mask)
+    carry = state.carry
+    if config.alignment == "shifted":
+      carry = jnp.where(pending[:, None], logits[:, width - 1], carry)
+    return align(logits[:, width:], carry), state._replace(
+        cache=cache,
+        written=jnp.where(pending, state.written + width, state.written),
+        fresh=window_attention.as_block(keys, values, width),
+        fresh_start=write_start,
+        fresh_valid=pending,
+        carry=carry,
     )
 
-  def body(state: _CachedState) -> _CachedState:
+  def status_of(state: _CachedState):
+    """(row status, active block start int32 [B], pending bool [B])."""
     status = denoise_lib.row_status(
         state.tokens, state.commit_step, positions, completion, config
     )
+    block_start = jnp.where(status.live, status.active_block, 0) * width
+    # The previous block of a live row is final but not yet in the cache.
+    pending = status.live & (state.written < block_start)
+    return status, block_start, pending
+
+  def step(state: _CachedState, fused: bool) -> _CachedState:
+    status, block_start, pending = status_of(state)
     live = status.live
-    block = jnp.where(live, status.active_block, 0)
-    block_start = block * width
+    block = block_start // width
     window_positions = block_start[:, None] + offsets[None, :]
     window_valid = window_positions < ends[:, None]
-    # The previous block of a live row is final but not yet in the cache.
-    pending = live & (state.written < block_start)
-    logits, cache, written, carry = jax.lax.cond(
-        jnp.any(pending),
-        fused_call,
-        plain_call,
-        (state, block_start, window_valid, pending),
-    )
+    call_fn = fused_call if fused else plain_call
+    logits, state = call_fn(state, block_start, window_valid, pending)
     noise = None
     if config.temperature > 0:
       noise = denoise_lib.sampling_noise(rng, state.step, batch, width, vocab)
@@ -229,7 +217,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
           field, jnp.where(commit, new, old), block_start
       )
 
-    return _CachedState(
+    return state._replace(
         step=state.step + 1,
         tokens=merge(state.tokens, proposal),
         commit_step=merge(
@@ -238,9 +226,24 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
         logprobs=merge(state.logprobs, log_prob),
         block_steps=jnp.where(live, block_steps + 1, state.block_steps),
         last_block=jnp.where(live, block, state.last_block),
-        cache=cache,
-        written=written,
-        carry=carry,
+    )
+
+  # No `lax.cond` between the two call shapes: a conditional that updates
+  # the cache makes XLA copy the whole cache on entry and exit. Instead each
+  # outer iteration makes one fused step (finished blocks written; none at
+  # the very start), then plain steps while no row has a finished block to
+  # write; the cache flows through both loops and is updated in place.
+  def any_live(state: _CachedState):
+    return jnp.any(status_of(state)[0].live)
+
+  def nothing_pending(state: _CachedState):
+    status, _, pending = status_of(state)
+    return jnp.any(status.live) & ~jnp.any(pending)
+
+  def outer_body(state: _CachedState) -> _CachedState:
+    state = step(state, fused=True)
+    return jax.lax.while_loop(
+        nothing_pending, lambda s: step(s, fused=False), state
     )
 
   init = _CachedState(
@@ -252,9 +255,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
       last_block=jnp.full((batch,), -1, jnp.int32),
       cache=cache,
       written=written,
+      fresh=window_attention.init_cache(
+          model, batch, width, kv_cache.activation_dtype(model)),
+      fresh_start=written,
+      fresh_valid=jnp.zeros((batch,), bool),
       carry=carry,
   )
-  final = jax.lax.while_loop(cond, body, init)
+  final = jax.lax.while_loop(any_live, outer_body, init)
   padded = denoise_lib.pad_after_eos(
       final.tokens,
       final.commit_step,

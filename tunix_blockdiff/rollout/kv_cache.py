@@ -1,12 +1,14 @@
-"""KV caches of the Tunix families and the per-row cache operations.
+"""KV caches of the Tunix families and the per-row operations of the driver.
 
 Every supported family (Qwen3, Qwen2, Llama3, Gemma3) keeps one cache entry
 per layer, `{'k', 'v': [B, S, num_kv_heads, head_dim], 'end_index': int32
 [B]}`, and writes a call's keys and values at the shared index
 `end_index[0]`. `init_cache` builds it (with `model.init_cache` where the
-model has one), `check_model_for_cache` refuses what the cached driver cannot
-run exactly (flash attention, a sliding window shorter than what its calls
-span).
+model has one); the cached driver keeps its own layout
+(`window_attention.Cache`). `row_slice`/`row_update` act on each row's own
+slots, `check_model_for_cache` refuses what the cached driver cannot run
+exactly (a model whose attention it does not know, a sliding window shorter
+than what its calls span).
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import models
+from tunix_blockdiff.rollout import window_attention
 
 
-def _activation_dtype(model):
+def activation_dtype(model):
+  """The dtype of the model's activations (its config's, else its first float parameter's)."""
   dtype = getattr(getattr(model, "config", None), "dtype", None)
   if dtype is not None:
     return dtype
@@ -38,7 +42,7 @@ def init_cache(model, batch: int, cache_len: int) -> dict[str, Any]:
   cache_len, num_kv_heads, head_dim], 'end_index': int32 [B]}}` from the
   model's config, as those models read it.
   """
-  dtype = _activation_dtype(model)
+  dtype = activation_dtype(model)
   if hasattr(model, "init_cache"):
     return model.init_cache(batch, cache_len, dtype)
   config = model.config
@@ -51,14 +55,6 @@ def init_cache(model, batch: int, cache_len: int) -> dict[str, Any]:
           "end_index": jnp.zeros((batch,), jnp.int32),
       }
       for i in range(num_layers)
-  }
-
-
-def at_write_index(cache, index: int):
-  """The cache with every layer's shared write index set to `index`."""
-  return {
-      name: dict(layer, end_index=jnp.full_like(layer["end_index"], index))
-      for name, layer in cache.items()
   }
 
 
@@ -76,42 +72,22 @@ def row_update(x: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
   )(x, update, start)
 
 
-def copy_scratch(old_cache, new_cache, scratch: int, size: int, start, keep):
-  """Copies new_cache[:, scratch:scratch+size] to row slots [start, start+size).
-
-  Only rows with `keep` change; everything else is `old_cache`.
-  """
-  out = {}
-  for name, layer in old_cache.items():
-    updated = dict(layer)
-    for key in ("k", "v"):
-      fresh = jax.lax.dynamic_slice_in_dim(
-          new_cache[name][key], scratch, size, 1
-      )
-      current = row_slice(layer[key], start, size)
-      chosen = jnp.where(keep[:, None, None, None], fresh, current)
-      updated[key] = row_update(layer[key], chosen, start)
-    out[name] = updated
-  return out
-
-
-def scratch_valid(valid: jax.Array, offset: int, cache_len: int) -> jax.Array:
-  """bool [B, cache_len]: True at scratch slots offset + j where valid[b, j]."""
-  width = valid.shape[1]
-  return jnp.pad(valid, ((0, 0), (offset, cache_len - offset - width)))
-
-
 def check_model_for_cache(
     model, config, prompt_width: int, num_new: int
 ) -> None:
-  """Raises for attention the cached driver cannot reproduce exactly."""
-  model_config = getattr(model, "config", None)
-  if getattr(model_config, "use_flash_attention", False):
+  """Raises for a model the cached driver cannot run exactly.
+
+  Its attention must be one `window_attention` knows (the Tunix Qwen3,
+  Qwen2, Llama3 and Gemma3 layers; their flash setting does not matter, the
+  driver runs its own attention), and a sliding window must not cut what
+  the calls span.
+  """
+  if not window_attention.supports(model):
     raise ValueError(
-        "generate(use_cache=True) needs the dense attention path (it passes an"
-        " explicit block mask against the KV cache, which Tunix's flash branch"
-        " ignores): build the rollout model with use_flash_attention=False, or"
-        " pass use_cache=False"
+        "generate(use_cache=True) runs the attention of Tunix's Qwen3, Qwen2,"
+        " Llama3 and Gemma3 layers against its own cache; this model's"
+        f" ({type(model).__name__}) layers are not among them: pass"
+        " use_cache=False"
     )
   # Tunix's Gemma3 masks its local layers by physical distance |i - j| <
   # window between a call's query row i and cache slot j. The calls here span

@@ -1,0 +1,163 @@
+"""`rollout.window_attention`: the cached driver's model call and cache writes.
+
+The attention core against a NumPy reference over the concatenated keys;
+`write_rows` against NumPy for any distinct start slots; `window_call` on
+every family against the Tunix model's own full-sequence logits; the
+refusal of a model it does not know; and a flash-configured model, which
+the driver now runs with its own attention.
+"""
+
+import dataclasses
+
+from flax import nnx
+from hypothesis import given
+from hypothesis import settings
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff.attention import masks
+from tunix_blockdiff.models import logits as modeling
+from tunix_blockdiff.models import tiny as tiny_models
+from tunix_blockdiff.rollout import cached
+from tunix_blockdiff.rollout import window_attention as wa
+
+VOCAB = 64
+
+
+def _reference_attention(q, keys, values, visible, scale):
+  """softmax(q k^T * scale, masked) v over one key axis, float64."""
+  b, t, n, h = q.shape
+  kh = keys.shape[2]
+  q = q.reshape(b, t, kh, n // kh, h).astype(np.float64)
+  scores = np.einsum("btkgh,bskh->bkgts", q, keys) * scale
+  scores = np.where(visible[:, None, None], scores, -np.inf)
+  probs = np.exp(scores - scores.max(-1, keepdims=True))
+  probs /= probs.sum(-1, keepdims=True)
+  return np.einsum("bkgts,bskh->btkgh", probs, values).reshape(b, t, n, h)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), parts=st.integers(0, 2))
+def test_attend_equals_attention_over_the_concatenated_keys(seed, parts):
+  rng = np.random.default_rng(seed)
+  b, t, n, kh, h = 2, 3, 4, 2, 8
+  sizes = [int(rng.integers(1, 6)) for _ in range(parts)]
+  q, k, v = (rng.normal(size=(b, t, heads, h)).astype(np.float32)
+             for heads in (n, kh, kh))
+  cached_parts, all_k, all_v, all_vis = [], [], [], []
+  for size in sizes:
+    pk, pv = (rng.normal(size=(b, kh, size, h)).astype(np.float32)
+              for _ in range(2))
+    valid = rng.random((b, size)) < 0.6
+    cached_parts.append((jnp.asarray(pk), jnp.asarray(pv), jnp.asarray(valid)))
+    all_k.append(pk.transpose(0, 2, 1, 3))
+    all_v.append(pv.transpose(0, 2, 1, 3))
+    all_vis.append(np.broadcast_to(valid[:, None, :], (b, t, size)))
+  window = rng.random((b, t, t)) < 0.5
+  window[:, np.arange(t), np.arange(t)] = True  # every query sees itself
+  all_k.append(k)
+  all_v.append(v)
+  all_vis.append(window)
+  p = wa.Projected(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), 0.35,
+                   jnp.float32)
+  got = wa.attend(p, cached_parts, jnp.asarray(window))
+  want = _reference_attention(q, np.concatenate(all_k, 1),
+                              np.concatenate(all_v, 1),
+                              np.concatenate(all_vis, 2), 0.35)
+  np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=st.data())
+def test_write_rows_puts_each_rows_block_at_its_own_slots(data):
+  b, kh, s, h, w = 3, 2, 12, 4, 4
+  start = np.array([data.draw(st.integers(0, s - w)) for _ in range(b)])
+  rng = np.random.default_rng(int(start.sum()))
+  cache = rng.normal(size=(b, kh, s, h)).astype(np.float32)
+  block = rng.normal(size=(b, kh, w, h)).astype(np.float32)
+  out = wa.write_rows(
+      wa.Cache((jnp.asarray(cache),), (jnp.asarray(cache),)),
+      wa.Cache((jnp.asarray(block),), (jnp.asarray(-block),)),
+      jnp.asarray(start, jnp.int32))
+  want = cache.copy()
+  for row in range(b):
+    want[row, :, start[row]:start[row] + w] = block[row]
+  np.testing.assert_array_equal(np.asarray(out.k[0]), want)
+  for row in range(b):
+    want[row, :, start[row]:start[row] + w] = -block[row]
+  np.testing.assert_array_equal(np.asarray(out.v[0]), want)
+
+
+FAMILIES = {
+    "qwen3": lambda: tiny_models.tiny_qwen3(VOCAB, random_mlp=True),
+    "qwen2": lambda: tiny_models.tiny_qwen2(VOCAB, num_layers=1,
+                                            random_mlp=True),
+    "llama3": lambda: tiny_models.tiny_llama3(VOCAB, random_mlp=True),
+    "gemma3": lambda: tiny_models.tiny_gemma3(VOCAB, sliding_window_size=64,
+                                              random_mlp=True),
+}
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_window_call_gives_the_models_own_logits(family):
+  """Prefix blocks in the cache + a window == the full block-causal call."""
+  model = FAMILIES[family]()
+  b, prefix, width = 2, 8, 4
+  length = prefix + width
+  tokens = jax.random.randint(jax.random.key(0), (b, length), 0, VOCAB)
+  positions = jnp.broadcast_to(jnp.arange(length), (b, length))
+  block_causal = masks.block_causal_mask(positions, positions, width)
+  want, _ = model(tokens, positions, None, block_causal)
+  # The prefix through window_call (no cache), written at slots [0, 8).
+  dtype = jnp.float32
+  prefix_mask = block_causal[:, :prefix, :prefix]
+  _, keys, values = wa.window_call(model, tokens[:, :prefix],
+                                   positions[:, :prefix], [], prefix_mask)
+  cache = wa.write_rows(wa.init_cache(model, b, 16, dtype),
+                        wa.as_block(keys, values, prefix),
+                        jnp.zeros((b,), jnp.int32))
+  valid = jnp.broadcast_to(jnp.arange(16) < prefix, (b, 16))
+  got, _, _ = wa.window_call(
+      model, tokens[:, prefix:], positions[:, prefix:], [(cache, valid)],
+      jnp.ones((b, width, width), bool))
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, prefix:]),
+                             rtol=1e-5, atol=1e-5)
+
+
+class _NotTunix(nnx.Module):
+
+  def __init__(self):
+    self.layers = nnx.List([nnx.Linear(2, 2, rngs=nnx.Rngs(0))])
+
+
+def test_a_model_it_does_not_know_is_refused_naming_use_cache():
+  assert not wa.supports(_NotTunix())
+  assert wa.supports(FAMILIES["qwen3"]())
+  config = config_lib.DenoiseConfig(block_size=4, mask_token_id=VOCAB - 1)
+  with pytest.raises(ValueError, match="use_cache=False"):
+    cached.generate(_NotTunix(), np.ones((1, 4), int), np.array([4]), config,
+                    max_new_tokens=4)
+
+
+def test_a_flash_configured_model_generates_as_its_dense_twin():
+  dense = tiny_models.tiny_qwen3(VOCAB, random_mlp=True)
+  flash_config = dataclasses.replace(dense.config, use_flash_attention=True)
+  graphdef, state = nnx.split(dense)
+  flash = nnx.merge(graphdef, state)
+  flash.config = flash_config
+  for layer in flash.layers:
+    layer.attn.config = flash_config
+  config = config_lib.DenoiseConfig(block_size=4, mask_token_id=VOCAB - 1,
+                                    threshold=0.2)
+  prompts = np.random.default_rng(0).integers(0, VOCAB - 1, (2, 6))
+  args = (prompts, np.array([6, 3]), config)
+  want = cached.generate(dense, *args, max_new_tokens=8)
+  got = cached.generate(flash, *args, max_new_tokens=8)
+  np.testing.assert_array_equal(np.asarray(got.tokens),
+                                np.asarray(want.tokens))
+  np.testing.assert_array_equal(np.asarray(got.commit_step),
+                                np.asarray(want.commit_step))

@@ -1,0 +1,305 @@
+"""A Tunix model's call on a window of slots against a read-only KV cache.
+
+The cached driver (`cached_loop`) calls the model on one window per row
+(the active block, with the just-finished block before it when that block's
+keys are due). Routed through Tunix's own attention, such a call writes its
+keys into the cache it reads; inside the driver's loop XLA then copies the
+whole cache at every step (the old cache stays live, or its layout differs
+from the write's). Here each layer's `attn` is swapped, for the traced call
+only, for `_WindowAttention`: the family's own projections, norms and
+rotary embeddings (called as the family's attention calls them), then
+attention of the window's queries over the cached keys (read only) and the
+window's own keys, and the window's keys and values handed back instead of
+written. The driver writes a finished block's slots itself, in place.
+
+Cache layout: per layer `k, v: [B, K, S, H]` (key heads before slots, so a
+step's reads and the driver's block writes agree on one layout), a slot is
+a row's logical position, and `valid [B, S]` says which slots hold keys.
+
+Families: Qwen3, Qwen2, Llama3, Gemma3 (Tunix 0.1.7's attention code,
+mirrored up to its cache write). Gemma3's sliding window is not applied:
+`kv_cache.check_model_for_cache` admits only calls that the window does
+not cut. Shapes: B batch, T window slots, S cache slots, N query heads,
+K key heads, H head dim, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable, NamedTuple
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+from tunix.models.gemma3 import model as gemma3_lib
+from tunix.models.llama3 import model as llama3_lib
+from tunix.models.qwen2 import model as qwen2_lib
+from tunix.models.qwen3 import model as qwen3_lib
+
+from tunix_blockdiff.models import logits as modeling
+
+# Tunix's attention mask value (the same in every family).
+K_MASK = -2.3819763e38
+
+
+class Projected(NamedTuple):
+  """A window's attention inputs, as the family computes them.
+
+  Attributes:
+    q: [B, T, N, H] queries (rotated; Gemma3's already scaled).
+    k, v: [B, T, K, H] keys (rotated) and values.
+    score_scale: Multiplies the query-key products (1.0: none).
+    softmax_dtype: The softmax's dtype (float32, or the scores' own).
+  """
+
+  q: jax.Array
+  k: jax.Array
+  v: jax.Array
+  score_scale: float
+  softmax_dtype: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+  """How one family's attention module computes its inputs and output."""
+
+  attention_type: type
+  project: Callable[[Any, dict[str, Any]], Projected]
+  output: Callable[[Any, jax.Array], jax.Array]
+
+
+def _qwen3_project(attn, args) -> Projected:
+  shard = lambda x: qwen3_lib.shard(x, attn.shd_config.act_btnh)
+  x, pos = args["x"], args["segment_pos"]
+  q = shard(attn.q_norm(attn.q_proj(x)))
+  k = shard(attn.k_norm(attn.k_proj(x)))
+  v = shard(attn.v_proj(x))
+  q = qwen3_lib.apply_rope(q, pos, head_dim=attn.head_dim)
+  k = qwen3_lib.apply_rope(k, pos, head_dim=attn.head_dim)
+  return Projected(q, k, v, attn.scale, jnp.float32)
+
+
+def _qwen2_project(attn, args) -> Projected:
+  x, sin, cos = args["x"], args["sin"], args["cos"]
+  dtype = attn.config.dtype
+
+  def biased(proj, bias):
+    out = proj(x)
+    b, t, n, h = out.shape
+    out = out.reshape((b, t, n * h)) + bias.astype(dtype)
+    return qwen2_lib.shard(out.reshape((b, t, n, h)),
+                           attn.shd_config.act_btnh)
+
+  q = biased(attn.q_proj, attn.q_bias)
+  k = biased(attn.k_proj, attn.k_bias)
+  v = biased(attn.v_proj, attn.v_bias)
+  q = qwen2_lib.apply_rotary_embedding(q, sin, cos)
+  k = qwen2_lib.apply_rotary_embedding(k, sin, cos)
+  return Projected(q, k, v, attn.scale, jnp.float32)
+
+
+def _llama3_project(attn, args) -> Projected:
+  shard = lambda x: llama3_lib.shard(x, attn.shd_config.act_btnh)
+  x, pos = args["x"], args["segment_pos"]
+  q, k, v = (shard(p(x)) for p in (attn.q_proj, attn.k_proj, attn.v_proj))
+  q = llama3_lib.apply_rope(q, pos, head_dim=attn.head_dim)
+  k = llama3_lib.apply_rope(k, pos, head_dim=attn.head_dim)
+  return Projected(q, k, v, attn.scale, jnp.float32)
+
+
+def _gemma3_project(attn, args) -> Projected:
+  x, pos = args["x"], args["segment_pos"]
+  if attn.use_qkv_einsum:
+    q, k, v = attn.qkv_einsum(x)
+  else:
+    q = attn.q_einsum(x)
+    k, v = attn.kv_einsum(x)
+  shard = lambda t: gemma3_lib.sharding_utils.shard(t, attn.shd_config.act_btnh)
+  q, k, v = shard(q), shard(k), shard(v)
+  q, k = attn._query_norm(q), attn._key_norm(k)  # pylint: disable=protected-access
+  rope = dict(head_dim=attn.head_dim, base_frequency=attn.rope_base_frequency,
+              scale_factor=attn.rope_scale_factor)
+  q = gemma3_lib.apply_rope(q, pos, **rope) * attn.query_pre_attn_scalar
+  k = gemma3_lib.apply_rope(k, pos, **rope)
+  # Gemma3's softmax runs in the scores' dtype.
+  return Projected(q, k, v, 1.0, None)
+
+
+def _o_proj(shard_fn):
+  def output(attn, encoded):
+    return shard_fn(attn.o_proj(encoded), attn.shd_config.act_btd)
+
+  return output
+
+
+def _gemma3_output(attn, encoded):
+  return gemma3_lib.sharding_utils.shard(attn.attn_vec_einsum(encoded),
+                                         attn.shd_config.act_btd)
+
+
+_FAMILIES = (
+    _Family(qwen3_lib.Attention, _qwen3_project, _o_proj(qwen3_lib.shard)),
+    _Family(qwen2_lib.Attention, _qwen2_project, _o_proj(qwen2_lib.shard)),
+    _Family(llama3_lib.Attention, _llama3_project, _o_proj(llama3_lib.shard)),
+    _Family(gemma3_lib.Attention, _gemma3_project, _gemma3_output),
+)
+
+
+def _family_of(attn) -> _Family | None:
+  for family in _FAMILIES:
+    if type(attn) is family.attention_type:  # pylint: disable=unidiomatic-typecheck
+      return family
+  return None
+
+
+def supports(model) -> bool:
+  """Whether every layer's attention is one `window_call` knows."""
+  layers = getattr(model, "layers", None)
+  if not layers:
+    return False
+  return all(_family_of(getattr(layer, "attn", None)) for layer in layers)
+
+
+def attend(p: Projected, parts, window_mask) -> jax.Array:
+  """The window's attention over [cached parts ; window keys]: [B, T, N, H].
+
+  As Tunix's attention computes it over one concatenated key axis (scores in
+  the input dtype, scaled, masked with `K_MASK`, softmax, weighted values),
+  without concatenating keys: the scores of the parts are joined (they are
+  small), the parts' weighted values are summed in float32.
+
+  Args:
+    p: The window's projections.
+    parts: (keys [B, K, S_i, H], values likewise, valid bool [B, S_i]) per
+      cached part (read only): the cache, a block not yet written to it.
+    window_mask: bool [B, T, T] window slot q attends window slot k.
+  """
+  b, t, n, h = p.q.shape
+  kh = p.k.shape[2]
+  q = p.q.reshape((b, t, kh, n // kh, h))
+  scores = []
+  for keys, _, valid in parts:
+    s_part = jnp.einsum("BTKGH,BKSH->BKGTS", q, keys)
+    if p.score_scale != 1.0:
+      s_part = s_part * p.score_scale
+    scores.append(jnp.where(valid[:, None, None, None, :], s_part, K_MASK))
+  s_window = jnp.einsum("BTKGH,BSKH->BKGTS", q, p.k)
+  if p.score_scale != 1.0:
+    s_window = s_window * p.score_scale
+  scores.append(jnp.where(window_mask[:, None, None], s_window, K_MASK))
+  scores = jnp.concatenate(scores, axis=-1)
+  if p.softmax_dtype is not None:
+    scores = scores.astype(p.softmax_dtype)
+  probs = jax.nn.softmax(scores, axis=-1).astype(p.k.dtype)
+  # Each part's weighted values in the values' dtype (as Tunix's one
+  # einsum gives them), summed in float32.
+  out, start = 0.0, 0
+  for _, values, valid in parts:
+    size = valid.shape[1]
+    out += jnp.einsum("BKGTS,BKSH->BTKGH", probs[..., start:start + size],
+                      values).astype(jnp.float32)
+    start += size
+  out += jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., start:],
+                    p.v).astype(jnp.float32)
+  return out.astype(p.v.dtype).reshape((b, t, n, h))
+
+
+class _WindowAttention(nnx.Module):
+  """Stands in for one layer's `attn` during a `window_call`."""
+
+  def __init__(self, inner, family: _Family):
+    self.inner = inner
+    self.family = family
+    self.signature = inspect.signature(type(inner).block)
+    if hasattr(inner, "qwix_path"):
+      # qwix (LoRA) finds its rules by the calling module's path: keep the
+      # attention's, so its operations are intercepted as they were.
+      self.qwix_path = inner.qwix_path
+
+  def __call__(self, *args, **kwargs):
+    bound = self.signature.bind(self.inner, *args, **kwargs).arguments
+    projected = self.family.project(self.inner, bound)
+    encoded = attend(projected, bound["cache"]["parts"], bound["attn_mask"])
+    return ({"k": projected.k, "v": projected.v},
+            self.family.output(self.inner, encoded))
+
+
+class Cache(NamedTuple):
+  """The driver's KV cache: per layer keys and values [B, K, S, H]."""
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+
+
+def init_cache(model, batch: int, size: int, dtype) -> Cache:
+  """An all-zero `Cache` of `size` slots for `model`."""
+  shapes = []
+  for layer in model.layers:
+    attn = layer.attn
+    kh = attn.num_kv_heads
+    shapes.append((batch, kh, size, attn.head_dim))
+  zeros = tuple(jnp.zeros(s, dtype) for s in shapes)
+  return Cache(zeros, zeros)
+
+
+def window_call(model, tokens, positions, parts, window_mask):
+  """The model on a window against cached keys, which it does not change.
+
+  Args:
+    model: A Tunix causal LM that `supports`.
+    tokens: int32 [B, T] the window's tokens.
+    positions: int32 [B, T] their logical positions.
+    parts: `(Cache, valid bool [B, S])` pairs the window attends to, e.g.
+      the driver's cache and a block not yet written to it.
+    window_mask: bool [B, T, T] window slot q attends window slot k.
+
+  Returns:
+    (logits float32 [B, T, V], keys [B, T, K, H] per layer, values likewise).
+  """
+  view = modeling.fresh_view(model)
+  for layer in view.layers:
+    layer.attn = _WindowAttention(layer.attn, _family_of(layer.attn))
+  layer_caches = {
+      f"layer_{i}": {"parts": [(c.k[i], c.v[i], valid) for c, valid in parts]}
+      for i in range(len(view.layers))
+  }
+  logits, out = view(tokens, positions, layer_caches, window_mask)
+  names = [f"layer_{i}" for i in range(len(view.layers))]
+  return (logits.astype(jnp.float32), [out[n]["k"] for n in names],
+          [out[n]["v"] for n in names])
+
+
+def as_block(keys, values, size: int) -> Cache:
+  """The first `size` window slots of a call's keys as a `Cache` part."""
+  return Cache(tuple(jnp.swapaxes(k[:, :size], 1, 2) for k in keys),
+               tuple(jnp.swapaxes(v[:, :size], 1, 2) for v in values))
+
+
+def write_rows(cache: Cache, block: Cache, start) -> Cache:
+  """Writes `block` (per layer [B, K, W, H]) at each row's slots [start, +W).
+
+  One scatter per array whose B windows are declared distinct, sorted and
+  in bounds (they are: one per row), so XLA may write them in parallel and
+  in place.
+
+  Args:
+    cache: The cache.
+    block: The slots to write, in the cache's layout.
+    start: int32 [B] each row's first slot, start + W <= S.
+  """
+  batch = start.shape[0]
+  indices = jnp.stack([jnp.arange(batch, dtype=jnp.int32),
+                       start.astype(jnp.int32)], axis=1)
+  numbers = jax.lax.ScatterDimensionNumbers(
+      update_window_dims=(1, 2, 3), inserted_window_dims=(0,),
+      scatter_dims_to_operand_dims=(0, 2))
+
+  def put(layer, new):
+    return jax.lax.scatter(
+        layer, indices, new.astype(layer.dtype), numbers,
+        indices_are_sorted=True, unique_indices=True,
+        mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+
+  return Cache(tuple(put(c, n) for c, n in zip(cache.k, block.k)),
+               tuple(put(c, n) for c, n in zip(cache.v, block.v)))
