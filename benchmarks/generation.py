@@ -12,7 +12,8 @@ and at every batch size, side by side in one process:
 * `raw call`: a jitted loop of the driver's model call on one window
   (`window_attention.window_call`, W slots, and 2W where a finished block is
   computed in the same call) against a full cache, without the transition:
-  the cost a step of `generate` is measured against.
+  the cost a step of `generate` is measured against; and `write`, a fused
+  step's cache write alone (one block per row into every layer's cache).
 
 Each program is compiled by a warm-up call and timed as the median of
 `--repeats` calls. The table gives the whole call, the prefill, the model
@@ -201,6 +202,30 @@ def raw_call_seconds(model, batch: int, cache_len: int, width: int,
   return seconds / calls
 
 
+def write_seconds(model, batch: int, cache_len: int, block: int,
+                  calls: int, repeats: int) -> float:
+  """Seconds of one fused step's cache write: a block per row, all layers."""
+  dtype = kv_cache.activation_dtype(model)
+  graphdef, state = nnx.split(model)
+
+  @jax.jit
+  def loop(state):
+    m = nnx.merge(graphdef, state)
+    cache = window_attention.init_cache(m, batch, cache_len, dtype)
+    fresh = window_attention.init_cache(m, batch, block, dtype)
+    rows = jnp.arange(batch, dtype=jnp.int32)
+
+    def body(i, cache):
+      start = (rows * 7 + i) % (cache_len // block) * block
+      return window_attention.write_rows(cache, fresh, start)
+
+    cache = jax.lax.fori_loop(0, calls, body, cache)
+    return cache.k[0][:, 0, 0, 0]
+
+  _, seconds = median_seconds(lambda: loop(state), repeats)
+  return seconds / calls
+
+
 def prefill_seconds(model, tokens, block: int, repeats: int) -> float:
   """The cached driver's prefill alone: the prompt's complete blocks."""
   batch, width = tokens.shape
@@ -287,7 +312,9 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
               model, batch, cache_len, block, args.raw_calls, args.repeats),
           raw_call_ms_2w=1e3 * raw_call_seconds(
               model, batch, cache_len, 2 * block, args.raw_calls,
-              args.repeats))
+              args.repeats),
+          write_ms=1e3 * write_seconds(
+              model, batch, cache_len, block, args.raw_calls, args.repeats))
     rows.append(dict(
         batch=batch, program="generate", schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
@@ -301,16 +328,18 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
 def format_table(rows: list[dict]) -> str:
   lines = [
       "| batch | program | schedule | s | prefill ms | calls | ms/call |"
-      " raw call ms (W / 2W) | floor ms | x floor | tokens/s | speed-up |",
-      "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+      " raw call ms (W / 2W) | write ms | floor ms | x floor | tokens/s |"
+      " speed-up |",
+      "|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
   ]
   for r in rows:
     raw = (f"{r['raw_call_ms_w']:.2f} / {r['raw_call_ms_2w']:.2f}"
            if "raw_call_ms_w" in r else "-")
+    write = f"{r['write_ms']:.2f}" if "write_ms" in r else "-"
     lines.append(
         f"| {r['batch']} | {r['program']} | {r['schedule']} |"
         f" {r['seconds']:.3f} | {1e3 * r['prefill_s']:.1f} | {r['calls']} |"
-        f" {r['ms_per_call']:.2f} | {raw} | {r['floor_ms']:.2f} |"
+        f" {r['ms_per_call']:.2f} | {raw} | {write} | {r['floor_ms']:.2f} |"
         f" {r['ms_per_call'] / r['floor_ms']:.2f} |"
         f" {r['tokens_per_s']:,.0f} | {r['speedup']:.2f}x |")
   return "\n".join(lines)

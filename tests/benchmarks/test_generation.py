@@ -44,6 +44,7 @@ def test_every_program_runs_and_reports_its_columns(tmp_path, capsys):
   for row in rows:
     assert row["seconds"] > 0 and row["floor_ms"] > 0
   assert static["raw_call_ms_w"] > 0 and static["raw_call_ms_2w"] > 0
+  assert static["write_ms"] > 0
   assert "| 2 | generate | b4s1 |" in capsys.readouterr().out
 
 
