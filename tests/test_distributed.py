@@ -25,6 +25,10 @@ from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import launch
 
 SMALL = [
+    # LeCun-drawn down projections: with the recipe's zero start they are
+    # ~6e-3 after 4 steps, and the per-array relative tolerance below would
+    # be judging Adam-amplified all-reduce rounding (1e-7) against 6e-8.
+    "model.mlp_out_scale=1.0",
     "model.num_layers=1",
     "model.embed_dim=32",
     "model.hidden_dim=64",

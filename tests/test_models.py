@@ -146,6 +146,45 @@ def test_tunix_zero_mlps_get_no_gradient():
       assert not np.any(np.asarray(layer["mlp"][name]["kernel"].get_value()))
 
 
+def test_zero_output_projections_start_as_identity_and_are_no_saddle():
+  """`mlp_out_scale=0`: blocks start as the identity, yet every kernel learns.
+
+  At the draw the feed-forward blocks add nothing (the logits equal those
+  of the same model with Tunix's zero feed-forward kernels), the down
+  kernels get a gradient at once, and after one step so do gate and up.
+  """
+  cfg = omegaconf.OmegaConf.create(
+      {"kind": "tiny_qwen3", "vocab_size": VOCAB, "random_mlp": True,
+       "mlp_out_scale": 0.0} | SIZES)
+  model = models.build_model(cfg, seed=3)
+  layer = model.layers[0].mlp
+  assert not np.any(np.asarray(layer.down_proj.kernel.value))
+  assert np.any(np.asarray(layer.gate_proj.kernel.value))
+  zero = _tiny("qwen3", seed=3)
+  tokens = jnp.asarray(np.random.default_rng(0).integers(0, VOCAB, (2, 8)))
+  positions = jnp.broadcast_to(jnp.arange(8), (2, 8))
+  mask = jnp.ones((2, 8, 8), bool)
+  np.testing.assert_allclose(
+      np.asarray(model(tokens, positions, None, mask)[0]),
+      np.asarray(zero(tokens, positions, None, mask)[0]), atol=1e-6)
+  loss_fn = trainer_lib.make_diffusion_loss_fn(DCFG)
+  inputs = trainer_lib.diffusion_model_inputs(_packed_batch())
+  grad_fn = nnx.jit(
+      nnx.grad(lambda m: loss_fn(m, **inputs).primary_loss.compute()))
+  grads = grad_fn(model)["layers"][0]["mlp"]
+  assert np.any(np.asarray(grads["down_proj"]["kernel"].get_value()))
+  trainer_lib.BlockDiffusionTrainer(
+      model, optax.sgd(0.1),
+      peft_trainer.TrainingConfig(eval_every_n_steps=1000, max_steps=1),
+      DCFG).train([_packed_batch()])
+  grads = grad_fn(model)["layers"][0]["mlp"]
+  for name in ("gate_proj", "up_proj"):
+    assert np.any(np.asarray(grads[name]["kernel"].get_value())), name
+  with pytest.raises(ValueError, match="model.mlp_out_scale must be >= 0"):
+    models.build_model(
+        omegaconf.OmegaConf.merge(cfg, {"mlp_out_scale": -1.0}), seed=0)
+
+
 @pytest.mark.parametrize("family", models.FAMILIES)
 def test_make_logits_fn_is_the_block_causal_model_call(family):
   # Gemma3 with a window (5) shorter than the row: the band acts in both.

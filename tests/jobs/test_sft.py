@@ -56,7 +56,7 @@ def test_cli_sft_end_to_end_writes_summary_figure_and_checkpoints(
   assert [row["threshold"] for row in summary["threshold_sweep"]] == [0.9, 1.0]
   # threshold 1.0 commits exactly one slot per call.
   assert summary["threshold_sweep"][-1]["tokens_per_step"] <= 1.0 + 1e-9
-  assert summary["recipe"]["diffusion"]["stream"] == "two_stream"
+  assert summary["recipe"]["diffusion"]["stream"] == "single"
   assert (out / "sft.png").stat().st_size > 0
   assert omegaconf.OmegaConf.load(out / "recipe.yaml").training.max_steps == 4
   assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["4"]

@@ -43,8 +43,10 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
     model_cfg: The `model` section: `kind` (one of `KINDS`); for `tiny_*`
       `vocab_size` and the sizes in `_TINY_KEYS`, optionally `random_mlp`
       (`tiny_models.random_mlps`: Tunix starts feed-forward kernels at zero,
-      where they never train) and, for `tiny_gemma3`, `sliding_window_size`;
-      for `*_hf` `path`, `dtype` and optionally `param_dtype`.
+      where they never train) with `mlp_out_scale` (the down projection's
+      draw scale, default 1.0; 0 starts each block as the identity) and,
+      for `tiny_gemma3`, `sliding_window_size`; for `*_hf` `path`, `dtype`
+      and optionally `param_dtype`.
     seed: Initialisation seed of a `tiny_*` model.
     mesh: Mesh a `*_hf` checkpoint is loaded onto (Tunix's sharding rules).
 
@@ -63,10 +65,14 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
     if family == "gemma3" and window is not None:
       sizes["sliding_window_size"] = int(window)
     builder = getattr(tiny_models, kind)
+    out_scale = float(model_cfg.get("mlp_out_scale", 1.0))
+    if out_scale < 0:
+      raise ValueError(f"model.mlp_out_scale must be >= 0, got {out_scale}")
     return builder(
         int(model_cfg.vocab_size),
         seed=seed,
         random_mlp=bool(model_cfg.get("random_mlp", False)),
+        mlp_out_scale=out_scale,
         **sizes,
     )
   from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
