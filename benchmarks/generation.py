@@ -35,7 +35,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import pathlib
 import statistics
+import sys
 import time
 from typing import Any, Callable
 
@@ -51,6 +53,9 @@ from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import window_attention
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from rollout import IdTokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 SCHEDULES = {
     "b4s1": dict(block_size=4, steps_per_block=1),
@@ -86,28 +91,6 @@ def prompts(batch: int, width: int, vocab: int, seed: int = 0):
   for b, n in enumerate(lengths):
     tokens[b, width - n:] = rng.integers(10, vocab - 10, size=n)
   return tokens, lengths
-
-
-class IdTokenizer:
-  """Space-separated ids <-> text for Tunix's `Sampler` (no BOS)."""
-
-  def __init__(self, eos: int):
-    self._eos = eos
-
-  def encode(self, text: str, **unused) -> list[int]:
-    return [int(t) for t in text.split()]
-
-  def decode(self, ids, **unused) -> str:
-    return " ".join(str(int(i)) for i in ids)
-
-  def bos_id(self) -> int:
-    return 0
-
-  def eos_id(self) -> int:
-    return self._eos
-
-  def pad_id(self) -> int:
-    return 0
 
 
 def median_seconds(run: Callable[[], Any], repeats: int) -> tuple[Any, float]:
