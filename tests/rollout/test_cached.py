@@ -348,3 +348,35 @@ def test_generate_validation(kwargs, error, match):
         args["config"],
         max_new_tokens=args["max_new_tokens"],
     )
+
+
+@pytest.mark.parametrize(
+    "block, prompt_width, new_tokens, schedule",
+    [
+        (1, 5, 6, dict(threshold=0.05)),
+        (3, 2, 9, dict(steps_per_block=2)),  # prompts narrower than a block
+        (8, 9, 11, dict(threshold=0.3, alignment="shifted", temperature=1.0,
+                        eos_token_id=5)),
+    ],
+)
+def test_other_block_sizes_match_the_cacheless_program(
+    block, prompt_width, new_tokens, schedule):
+  """The fused step, the fresh block and the prefill at other widths."""
+  model = tiny_models.tiny_qwen3(VOCAB, random_mlp=True)
+  rng = np.random.default_rng(block)
+  lengths = rng.integers(1, prompt_width + 1, size=3)
+  prompts = rng.integers(0, MASK, size=(3, prompt_width))
+  config = config_lib.DenoiseConfig(block_size=block, mask_token_id=MASK,
+                                    **schedule)
+  runs = [
+      cached.generate(model, prompts, lengths, config,
+                      max_new_tokens=new_tokens, rng=jax.random.key(block),
+                      use_cache=use_cache)
+      for use_cache in (True, False)
+  ]
+  for field in ("tokens", "commit_step", "trace_tokens", "trace_commit_step"):
+    np.testing.assert_array_equal(np.asarray(getattr(runs[0], field)),
+                                  np.asarray(getattr(runs[1], field)),
+                                  err_msg=field)
+  np.testing.assert_allclose(np.asarray(runs[0].logprobs),
+                             np.asarray(runs[1].logprobs), atol=1e-5)
