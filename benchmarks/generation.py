@@ -266,7 +266,7 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
       floor_ms=1e3 * sizes.call_floor(tokens=batch, logit_tokens=batch,
                                       kv_tokens=kv_in_use, rows=batch, hbm=hbm,
                                       peak=peak)))
-  print(f"  batch {batch}: Sampler {ar_total:.3f} s", flush=True)
+  _progress(rows[-1])
 
   for name in args.schedules:
     schedule = SCHEDULES[name]
@@ -303,9 +303,14 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
         speedup=ar_total / total, floor_ms=1e3 * floor, **raw))
-    print(f"  batch {batch}: {name} {total:.3f} s, {calls} calls", flush=True)
+    _progress(rows[-1])
     del out
   return rows
+
+
+def _progress(row: dict) -> None:
+  """Prints a row as soon as it is measured (a run cut short keeps it)."""
+  print(format_table([row]).splitlines()[-1], flush=True)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -353,15 +358,15 @@ def main(argv=None) -> int:
   rows = []
   for batch in (int(b) for b in args.batch.split(",")):
     rows.extend(measure_batch(model, config, sizes, args, batch))
+    if args.json:  # after every batch, so that a run cut short keeps them
+      with open(args.json, "w") as f:
+        json.dump(rows, f, indent=1)
   print(f"\n{args.model} ({sizes.params / 1e6:.0f}M parameters, {args.dtype}),"
         f" prompts left-padded to {args.prompt_width},"
         f" {args.new_tokens} new tokens, median of {args.repeats},"
         f" {jax.devices()[0].device_kind}; floor at {args.hbm_gbps:g} GB/s,"
         f" {args.peak_tflops:g} TFLOP/s\n")
   print(format_table(rows))
-  if args.json:
-    with open(args.json, "w") as f:
-      json.dump(rows, f, indent=1)
   return 0
 
 
