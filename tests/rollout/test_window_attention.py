@@ -74,22 +74,30 @@ def test_attend_equals_attention_over_the_concatenated_keys(seed, parts):
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_write_rows_puts_each_rows_block_at_its_own_slots(data):
-  b, kh, s, h, w = 3, 2, 12, 4, 4
+  layers, b, kh, s, h, w = 2, 3, 2, 12, 4, 4
   start = np.array([data.draw(st.integers(0, s - w)) for _ in range(b)])
   rng = np.random.default_rng(int(start.sum()))
-  cache = rng.normal(size=(b, kh, s, h)).astype(np.float32)
-  block = rng.normal(size=(b, kh, w, h)).astype(np.float32)
+  cache = rng.normal(size=(layers, b, kh, s, h)).astype(np.float32)
+  block = rng.normal(size=(layers, b, kh, w, h)).astype(np.float32)
   out = wa.write_rows(
-      wa.Cache((jnp.asarray(cache),), (jnp.asarray(cache),)),
-      wa.Cache((jnp.asarray(block),), (jnp.asarray(-block),)),
+      wa.Cache(jnp.asarray(cache), jnp.asarray(cache)),
+      wa.Cache(jnp.asarray(block), jnp.asarray(-block)),
       jnp.asarray(start, jnp.int32))
   want = cache.copy()
   for row in range(b):
-    want[row, :, start[row]:start[row] + w] = block[row]
-  np.testing.assert_array_equal(np.asarray(out.k[0]), want)
+    want[:, row, :, start[row]:start[row] + w] = block[:, row]
+  np.testing.assert_array_equal(np.asarray(out.k), want)
   for row in range(b):
-    want[row, :, start[row]:start[row] + w] = -block[row]
-  np.testing.assert_array_equal(np.asarray(out.v[0]), want)
+    want[:, row, :, start[row]:start[row] + w] = -block[:, row]
+  np.testing.assert_array_equal(np.asarray(out.v), want)
+
+
+def test_init_cache_stacks_every_layer():
+  model = tiny_models.tiny_qwen3(VOCAB, num_layers=3)
+  cache = wa.init_cache(model, 2, 8, jnp.bfloat16)
+  attn = model.layers[0].attn
+  assert cache.k.shape == (3, 2, attn.num_kv_heads, 8, attn.head_dim)
+  assert cache.v.dtype == jnp.bfloat16
 
 
 FAMILIES = {

@@ -7,8 +7,8 @@ the row's clean earlier blocks, so the cost of a step is proportional to the
 block, not the sequence.
 
 Cache layout. The cache holds each row in *logical* order: slot k is the
-row's logical position k, for k < T = ceil((P + N) / W) * W (per layer
-`[B, K, T, H]`, `window_attention.Cache`). A row attends to its slots
+row's logical position k, for k < T = ceil((P + N) / W) * W (`[L, B, K,
+T, H]` for keys and for values, `window_attention.Cache`). A row attends to its slots
 [0, written) and to the call's own window (`window_attention.window_call`,
 which reads the cache and returns the window's keys instead of writing
 them), so rows need not agree on anything: each row keeps its own logical

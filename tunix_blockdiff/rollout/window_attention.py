@@ -12,15 +12,17 @@ attention of the window's queries over the cached keys (read only) and the
 window's own keys, and the window's keys and values handed back instead of
 written. The driver writes a finished block's slots itself, in place.
 
-Cache layout: per layer `k, v: [B, K, S, H]` (key heads before slots, so a
-step's reads and the driver's block writes agree on one layout), a slot is
-a row's logical position, and `valid [B, S]` says which slots hold keys.
+Cache layout: `k, v: [L, B, K, S, H]`, every layer in one array (so that a
+block write is one scatter over the rows, not one per layer), key heads
+before slots (a step's reads and the driver's block writes agree on one
+layout); a slot is a row's logical position, and `valid [B, S]` says which
+slots hold keys.
 
 Families: Qwen3, Qwen2, Llama3, Gemma3 (Tunix 0.1.7's attention code,
 mirrored up to its cache write). Gemma3's sliding window is not applied:
 `kv_cache.check_model_for_cache` admits only calls that the window does
 not cut. Shapes: B batch, T window slots, S cache slots, N query heads,
-K key heads, H head dim, V vocabulary.
+K key heads, H head dim, L layers, V vocabulary.
 """
 
 from __future__ import annotations
@@ -226,20 +228,32 @@ class _WindowAttention(nnx.Module):
 
 
 class Cache(NamedTuple):
-  """The driver's KV cache: per layer keys and values [B, K, S, H]."""
+  """The driver's KV cache: keys and values of every layer [L, B, K, S, H].
 
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  One array for all layers (not one per layer): a write of a block per row
+  is then one scatter over the B rows, where per-layer arrays made it 2L
+  scatters, each of which XLA's TPU backend runs as a loop over the rows.
+  """
+
+  k: jax.Array
+  v: jax.Array
 
 
 def init_cache(model, batch: int, size: int, dtype) -> Cache:
-  """An all-zero `Cache` of `size` slots for `model`."""
-  shapes = []
-  for layer in model.layers:
-    attn = layer.attn
-    kh = attn.num_kv_heads
-    shapes.append((batch, kh, size, attn.head_dim))
-  zeros = tuple(jnp.zeros(s, dtype) for s in shapes)
+  """An all-zero `Cache` of `size` slots for `model`.
+
+  Raises:
+    ValueError: the layers differ in KV heads or head size (no supported
+      family does).
+  """
+  shapes = {(layer.attn.num_kv_heads, layer.attn.head_dim)
+            for layer in model.layers}
+  if len(shapes) != 1:
+    raise ValueError(
+        "model: the cached driver needs every layer's (num_kv_heads,"
+        f" head_dim) to agree, got {sorted(shapes)}")
+  (kh, h), = shapes
+  zeros = jnp.zeros((len(model.layers), batch, kh, size, h), dtype)
   return Cache(zeros, zeros)
 
 
@@ -271,17 +285,23 @@ def window_call(model, tokens, positions, parts, window_mask):
 
 
 def as_block(keys, values, size: int) -> Cache:
-  """The first `size` window slots of a call's keys as a `Cache` part."""
-  return Cache(tuple(jnp.swapaxes(k[:, :size], 1, 2) for k in keys),
-               tuple(jnp.swapaxes(v[:, :size], 1, 2) for v in values))
+  """The first `size` window slots of a call's keys as a `Cache` part.
+
+  Args:
+    keys: Per layer [B, T, K, H], as `window_call` returns them.
+    values: Likewise.
+    size: Slots to keep, <= T.
+  """
+  return Cache(jnp.stack([jnp.swapaxes(k[:, :size], 1, 2) for k in keys]),
+               jnp.stack([jnp.swapaxes(v[:, :size], 1, 2) for v in values]))
 
 
 def write_rows(cache: Cache, block: Cache, start) -> Cache:
-  """Writes `block` (per layer [B, K, W, H]) at each row's slots [start, +W).
+  """Writes `block` ([L, B, K, W, H]) at each row's slots [start, +W).
 
-  One scatter per array whose B windows are declared distinct, sorted and
-  in bounds (they are: one per row), so XLA may write them in parallel and
-  in place.
+  One scatter per array (keys, values) over the B rows, whose windows are
+  declared distinct, sorted and in bounds (they are: one per row), so that
+  XLA writes them in place.
 
   Args:
     cache: The cache.
@@ -292,14 +312,13 @@ def write_rows(cache: Cache, block: Cache, start) -> Cache:
   indices = jnp.stack([jnp.arange(batch, dtype=jnp.int32),
                        start.astype(jnp.int32)], axis=1)
   numbers = jax.lax.ScatterDimensionNumbers(
-      update_window_dims=(1, 2, 3), inserted_window_dims=(0,),
-      scatter_dims_to_operand_dims=(0, 2))
+      update_window_dims=(1, 2, 3, 4), inserted_window_dims=(1,),
+      scatter_dims_to_operand_dims=(1, 3))
 
-  def put(layer, new):
+  def put(array, new):
     return jax.lax.scatter(
-        layer, indices, new.astype(layer.dtype), numbers,
+        array, indices, jnp.moveaxis(new, 1, 0).astype(array.dtype), numbers,
         indices_are_sorted=True, unique_indices=True,
         mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
 
-  return Cache(tuple(put(c, n) for c, n in zip(cache.k, block.k)),
-               tuple(put(c, n) for c, n in zip(cache.v, block.v)))
+  return Cache(put(cache.k, block.k), put(cache.v, block.v))
