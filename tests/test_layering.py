@@ -3,8 +3,6 @@
 A unit is a subpackage (`attention`, `models`, ...) or a top-level module
 (`config`, `trainer`, ...). Every `import` / `from ... import` of a
 `tunix_blockdiff` module in a unit's files is an arrow to the unit it names.
-Deprecated alias modules (`modeling.py`, `tiny_models.py`, ...) only point
-at their new homes and are arrows like any other.
 """
 
 import ast

@@ -7,52 +7,7 @@ engine, RL) are imported lazily so `import tunix_blockdiff` stays cheap.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import Any
-import warnings
-
-# Deprecated module paths that live in a lower package than their old
-# parent (kept for one release). They are served from here, the top of the
-# package, so no file under `attention/` imports a layer above it.
-_MOVED_MODULES = {
-    "tunix_blockdiff.attention.shim": "tunix_blockdiff.models.flash",
-}
-
-
-class _MovedModuleLoader(importlib.abc.Loader):
-  """Makes an old module name the same module object as its new home."""
-
-  def __init__(self, new_name: str):
-    self._new_name = new_name
-
-  def create_module(self, spec):
-    warnings.warn(
-        f"{spec.name} moved to {self._new_name}",
-        DeprecationWarning,
-        stacklevel=2,
-    )
-    return importlib.import_module(self._new_name)
-
-  def exec_module(self, module):
-    del module  # Already executed under its new name.
-
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder):
-  """Finds the deprecated names in `_MOVED_MODULES`."""
-
-  def find_spec(self, fullname, path=None, target=None):
-    del path, target
-    if fullname not in _MOVED_MODULES:
-      return None
-    return importlib.util.spec_from_loader(
-        fullname, _MovedModuleLoader(_MOVED_MODULES[fullname])
-    )
-
-
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
-  sys.meta_path.insert(0, _MovedModuleFinder())
 
 from tunix_blockdiff.attention.context_parallel import load_balance_order
 from tunix_blockdiff.attention.context_parallel import reorder_batch_for_context_parallel
