@@ -27,6 +27,7 @@ import sys
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs import sft
 
 STREAMS = ("single", "clean_prefix", "two_stream")
@@ -61,14 +62,14 @@ def inference_context_loss(cfg, out: pathlib.Path) -> float:
   )
   # A trainer on the run's checkpoint directory restores its final weights
   # (the trainer always checkpoints its last step when it finishes).
-  training = sft.make_training_config(cfg, None)
+  training = common.make_training_config(cfg, None)
   training.checkpoint_root_directory = str(out.resolve() / "checkpoints")
   trainer = trainer_lib.BlockDiffusionTrainer(
       model, common.make_optimizer(cfg.training), training, diffusion
   )
   if trainer.train_steps != int(cfg.training.max_steps):
     raise RuntimeError(f"no final checkpoint in {out}")
-  return sft.eval_loss(trainer, batches)
+  return outputs.eval_loss(trainer, batches)
 
 
 def main(argv: list[str]) -> int:

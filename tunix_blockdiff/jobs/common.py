@@ -43,6 +43,7 @@ from tunix_blockdiff.jobs.model_setup import shard_model
 from tunix_blockdiff.jobs.model_setup import traced_lora
 from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs.outputs import _jsonable
+from tunix_blockdiff.jobs.outputs import make_training_config
 from tunix_blockdiff.jobs.outputs import plot_training_figure
 from tunix_blockdiff.jobs.outputs import prepare_output_dir
 from tunix_blockdiff.jobs.outputs import show_progress

@@ -31,6 +31,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.data import diffusion_gemma as dg_data
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
@@ -38,7 +39,7 @@ from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.objective import diffusion_gemma as dg_objective
 from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
 
-KINDS = ("tiny_diffusion_gemma", "diffusion_gemma_hf")
+KINDS = kinds.get("diffusion_gemma").recipe_kinds
 _TINY_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads",
               "num_kv_heads", "head_dim", "global_num_kv_heads",
               "global_head_dim", "sliding_window", "canvas_length")
@@ -173,8 +174,6 @@ def _objective(cfg, model, tokenizer) -> dg_objective.DiffusionGemmaObjective:
 
 def run_sft(cfg) -> dict[str, Any]:
   """The DiffusionGemma `sft` job; returns the summary it writes."""
-  from tunix_blockdiff.jobs import sft as sft_lib  # pylint: disable=g-import-not-at-top
-
   if cfg.get("distributed") is not None:
     raise errors.UsageError(
         "DiffusionGemma sft runs on one process (a mesh over its devices is"
@@ -189,10 +188,10 @@ def run_sft(cfg) -> dict[str, Any]:
         "DiffusionGemma sft does not take context parallelism: mesh.sp must"
         " be 1")
   with common.mesh_scope(mesh):
-    return _run_sft(cfg, mesh, sft_lib)
+    return _run_sft(cfg, mesh)
 
 
-def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
+def _run_sft(cfg, mesh) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
@@ -233,7 +232,7 @@ def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
       eval_ds = distributed.GlobalBatches(
           eval_ds, mesh, int(cfg.eval.batch_size), sliced=True)
   training_config = dataclasses.replace(
-      sft_lib.make_training_config(cfg, out),
+      common.make_training_config(cfg, out),
       pbar_description="DiffusionGemma SFT")
   trainer = trainer_lib.DiffusionGemmaTrainer(
       model, common.make_optimizer(cfg.training), training_config, objective)
@@ -245,9 +244,9 @@ def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
       "recipe": common.to_dict(cfg),
       "model_kind": cfg.model.kind,
       "train_steps": trainer.train_steps,
-      "train_losses": sft_lib._history(trainer, "loss", "train").tolist(),  # pylint: disable=protected-access
-      "num_params": sft_lib.num_params(trainer.model),
-      "num_lora_params": sft_lib.num_params(trainer.model, nnx.LoRAParam),
+      "train_losses": outputs.metric_history(trainer, "loss", "train").tolist(),
+      "num_params": outputs.num_params(trainer.model),
+      "num_lora_params": outputs.num_params(trainer.model, nnx.LoRAParam),
       "train_examples": len(task_data.train),
       "train_seconds": train_seconds,
   }
@@ -256,7 +255,7 @@ def _run_sft(cfg, mesh, sft_lib) -> dict[str, Any]:
   summary.update(eval_loss=None, eval_exact_match=None,
                  tokens_per_forward=None, tokens_per_step=None, forward_passes_per_token=None)
   if eval_ds is not None:
-    summary["eval_loss"] = sft_lib.eval_loss(trainer, eval_ds)
+    summary["eval_loss"] = outputs.eval_loss(trainer, eval_ds)
     eval_model = trainer.model
     if common.lora_enabled(cfg.lora):
       eval_model = checkpoints.merge_lora(

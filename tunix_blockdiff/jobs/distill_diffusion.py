@@ -24,6 +24,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import exported
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import rl_checkpoints
 
 
@@ -74,14 +75,16 @@ def open_source(directory: pathlib.Path) -> Source:
         exported.diffusion_config(found),
     )
   recipe = omegaconf.OmegaConf.load(directory / common.RECIPE_FILE)
-  from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+  kind = kinds.of_recipe(recipe)
+  try:
+    source = kind.implementation("distill_data")
+  except errors.UsageError as e:
+    raise errors.UsageError(f"{directory} is a {kind.description}: {e}") from None
+  return source(directory, recipe)
 
-  if diffusion_gemma.is_recipe(recipe):
-    raise errors.UsageError(
-        f"{directory} is a DiffusionGemma run, which distill-data does not"
-        " decode: it decodes runs of the Tunix families (qwen3, qwen2, llama3,"
-        " gemma3)"
-    )
+
+def source_block_diffusion(directory: pathlib.Path, recipe) -> Source:
+  """The `Source` of a block-diffusion run's recipe."""
   try:
     diffusion = common.diffusion_config_from(recipe.diffusion)
   except (TypeError, ValueError) as e:

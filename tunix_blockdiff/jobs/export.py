@@ -39,6 +39,7 @@ import omegaconf
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import exported
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import registry
@@ -169,12 +170,7 @@ def check(args: Args):
     UsageError: RUN is not an SFT run, has no checkpoint, a model kind or
       tokenizer export cannot write, or OUT exists and is not empty.
   """
-  recipe = args.run_dir / common.RECIPE_FILE
-  if not recipe.is_file():
-    raise errors.MissingFileError(
-        f"{recipe} not found: RUN must be the output_dir of a"
-        " `tunix-blockdiff sft` run"
-    )
+  recipe = _recipe_file(args)
   if args.out.exists() and (not args.out.is_dir() or any(args.out.iterdir())):
     raise errors.UsageError(
         f"OUT {args.out} exists and is not an empty directory: export writes"
@@ -310,6 +306,23 @@ def write(args: Args, cfg, tensors, hf_config) -> list[str]:
 
 
 def run(args: Args) -> dict[str, Any]:
+  """Exports with RUN's model kind; returns a summary."""
+  recipe = _recipe_file(args)
+  return kinds.of_recipe(omegaconf.OmegaConf.load(recipe)).call(
+      "export", args)
+
+
+def _recipe_file(args: Args) -> pathlib.Path:
+  recipe = args.run_dir / common.RECIPE_FILE
+  if not recipe.is_file():
+    raise errors.MissingFileError(
+        f"{recipe} not found: RUN must be the output_dir of a"
+        " `tunix-blockdiff sft` run"
+    )
+  return recipe
+
+
+def run_block_diffusion(args: Args) -> dict[str, Any]:
   """Checks, builds and writes OUT; returns a summary."""
   cfg = check(args)
   tensors, hf_config = build(args, cfg)

@@ -41,6 +41,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import exported
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import sft_data
 
@@ -337,12 +338,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   if argv and argv[0] in ("-h", "--help"):
     print(__doc__)
     return 0
-  from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+  return kinds.of_generate_args(argv).call("generate", argv)
 
-  if diffusion_gemma.handles_generate(argv):
-    from tunix_blockdiff.jobs import diffusion_gemma_generate  # pylint: disable=g-import-not-at-top
 
-    return diffusion_gemma_generate.generate_main(argv)
+def main_block_diffusion(argv: Sequence[str]) -> int:
+  """`generate` on a block-diffusion run or export (exit status)."""
   run_dir, options = parse_args(argv)
   distributed.initialize(common.to_dict(options.distributed))
   output = run(run_dir, options)

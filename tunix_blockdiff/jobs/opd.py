@@ -42,10 +42,11 @@ from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import hf_teacher
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import opd
@@ -170,13 +171,13 @@ def _check_block_diffusion_keys(opd_cfg) -> None:
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`).
 
-  A DiffusionGemma `student.checkpoint` runs `jobs.diffusion_gemma_opd`.
+  The `student` checkpoint's model kind runs it (`jobs.kinds`).
   """
-  from tunix_blockdiff.jobs import diffusion_gemma_opd  # pylint: disable=g-import-not-at-top
-  from tunix_blockdiff.jobs import diffusion_gemma_rl  # pylint: disable=g-import-not-at-top
+  return kinds.of_policy(cfg.get("student")).call("opd", cfg)
 
-  if diffusion_gemma_rl.is_policy(cfg.get("student")):
-    return diffusion_gemma_opd.run(cfg)
+
+def run_block_diffusion(cfg) -> dict[str, Any]:
+  """OPD of a block-diffusion student (the summary it writes)."""
   _check_block_diffusion_keys(cfg.opd)
   clock = common.Stopwatch()
   hf_teacher.check_teacher_section(cfg.teacher)

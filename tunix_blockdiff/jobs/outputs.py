@@ -14,12 +14,16 @@ import sys
 import time
 from typing import Any, Mapping, Sequence
 
+from flax import nnx
 import jax
 import numpy as np
 import omegaconf
+import orbax.checkpoint as ocp
 from tunix.sft import hooks
+from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import distributed
+from tunix_blockdiff import trainer as trainer_lib
 
 RECIPE_FILE = "recipe.yaml"
 SUMMARY_FILE = "summary.json"
@@ -249,6 +253,67 @@ def plot_training_figure(
   return pathlib.Path(path)
 
 
+
+def make_training_config(
+    cfg, out: pathlib.Path | None
+) -> trainer_lib.TrainingConfig:
+  """Tunix `TrainingConfig` from the recipe's `training` section."""
+  training = cfg.training
+  checkpoint_dir = None
+  options = None
+  logging_options = None
+  if out is not None:
+    checkpoint_dir = str(out / "checkpoints")
+    policies = ocp.checkpoint_managers
+    options = ocp.CheckpointManagerOptions(
+        # Every n steps (and on preemption); not Orbax's default extra save
+        # of the very first step.
+        save_decision_policy=policies.AnySavePolicy([
+            policies.FixedIntervalPolicy(
+                int(training.checkpoint_every_n_steps)
+            ),
+            policies.PreemptionCheckpointingPolicy(),
+        ]),
+        max_to_keep=int(training.max_checkpoints),
+    )
+    logging_options = metrics_lib.MetricsLoggerOptions(
+        log_dir=str(out / "tensorboard"), flush_every_n_steps=50
+    )
+  return trainer_lib.TrainingConfig(
+      eval_every_n_steps=int(training.eval_every_n_steps),
+      max_steps=int(training.max_steps),
+      gradient_accumulation_steps=int(training.gradient_accumulation_steps),
+      checkpoint_root_directory=checkpoint_dir,
+      checkpointing_options=options,
+      metrics_logging_options=logging_options,
+      pbar_description="block-diffusion SFT",
+  )
+
+
+def num_params(model, kind=nnx.Param) -> int:
+  """Parameters of `model` of variable type `kind` (LoRA is an nnx.Param)."""
+  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(model, kind))))
+
+
+def metric_history(trainer, name: str, mode: str) -> np.ndarray:
+  """A trainer's logged history of metric `name` in `mode` (float64)."""
+  logger = trainer.metrics_logger
+  if not logger.metric_exists(trainer.metrics_prefix, name, mode):
+    return np.zeros((0,))
+  return np.asarray(
+      logger.get_metric_history(trainer.metrics_prefix, name, mode), np.float64
+  )
+
+
+def eval_loss(trainer, batches) -> float:
+  """Token-weighted eval loss over `batches` with the trainer's eval step."""
+  _, eval_step = trainer.jit_train_and_eval_step()
+  metrics = []
+  for batch in batches:
+    _, out = eval_step(batch)
+    metrics.append(out.primary_loss)
+  return trainer_lib.weighted_mean(metrics)
+
 __all__ = [
     "RECIPE_FILE",
     "ProgressLines",
@@ -256,6 +321,10 @@ __all__ = [
     "finished_summary",
     "mark_finished",
     "Stopwatch",
+    "eval_loss",
+    "make_training_config",
+    "metric_history",
+    "num_params",
     "plot_training_figure",
     "prepare_output_dir",
     "show_progress",

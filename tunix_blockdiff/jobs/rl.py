@@ -36,10 +36,11 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.jobs import rl_policy
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
@@ -98,12 +99,13 @@ def plot_reward_curve(
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`).
 
-  A DiffusionGemma `init.checkpoint` runs `jobs.diffusion_gemma_rl`.
+  The `init` checkpoint's model kind runs it (`jobs.kinds`).
   """
-  from tunix_blockdiff.jobs import diffusion_gemma_rl  # pylint: disable=g-import-not-at-top
+  return kinds.of_policy(cfg.get("init")).call("rl", cfg)
 
-  if diffusion_gemma_rl.is_policy(cfg.get("init")):
-    return diffusion_gemma_rl.run(cfg)
+
+def run_block_diffusion(cfg) -> dict[str, Any]:
+  """GRPO on a block-diffusion policy (the summary it writes)."""
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   if cfg.get("reward"):  # A bad spec fails before the warm start.

@@ -22,8 +22,6 @@ from typing import Any, Sequence
 from flax import nnx
 import jax
 import numpy as np
-import orbax.checkpoint as ocp
-from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib
@@ -33,73 +31,22 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.jobs import common
+from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 
 FIGURE_FILE = "sft.png"
 
 
-def make_training_config(
-    cfg, out: pathlib.Path | None
-) -> trainer_lib.TrainingConfig:
-  """Tunix `TrainingConfig` from the recipe's `training` section."""
-  training = cfg.training
-  checkpoint_dir = None
-  options = None
-  logging_options = None
-  if out is not None:
-    checkpoint_dir = str(out / "checkpoints")
-    policies = ocp.checkpoint_managers
-    options = ocp.CheckpointManagerOptions(
-        # Every n steps (and on preemption); not Orbax's default extra save
-        # of the very first step.
-        save_decision_policy=policies.AnySavePolicy([
-            policies.FixedIntervalPolicy(
-                int(training.checkpoint_every_n_steps)
-            ),
-            policies.PreemptionCheckpointingPolicy(),
-        ]),
-        max_to_keep=int(training.max_checkpoints),
-    )
-    logging_options = metrics_lib.MetricsLoggerOptions(
-        log_dir=str(out / "tensorboard"), flush_every_n_steps=50
-    )
-  return trainer_lib.TrainingConfig(
-      eval_every_n_steps=int(training.eval_every_n_steps),
-      max_steps=int(training.max_steps),
-      gradient_accumulation_steps=int(training.gradient_accumulation_steps),
-      checkpoint_root_directory=checkpoint_dir,
-      checkpointing_options=options,
-      metrics_logging_options=logging_options,
-      pbar_description="block-diffusion SFT",
-  )
+make_training_config = outputs.make_training_config
 
 
 ProgressLines = outputs.ProgressLines
 
 
-def num_params(model, kind=nnx.Param) -> int:
-  """Parameters of `model` of variable type `kind` (LoRA is an nnx.Param)."""
-  return int(sum(np.size(x) for x in jax.tree.leaves(nnx.state(model, kind))))
-
-
-def _history(trainer, name: str, mode: str) -> np.ndarray:
-  logger = trainer.metrics_logger
-  if not logger.metric_exists(trainer.metrics_prefix, name, mode):
-    return np.zeros((0,))
-  return np.asarray(
-      logger.get_metric_history(trainer.metrics_prefix, name, mode), np.float64
-  )
-
-
-def eval_loss(trainer, batches) -> float:
-  """Token-weighted eval loss over `batches` with the trainer's eval step."""
-  _, eval_step = trainer.jit_train_and_eval_step()
-  metrics = []
-  for batch in batches:
-    _, out = eval_step(batch)
-    metrics.append(out.primary_loss)
-  return trainer_lib.weighted_mean(metrics)
+num_params = outputs.num_params
+_history = outputs.metric_history
+eval_loss = outputs.eval_loss
 
 
 def _data_config(cfg, tokenizer, vocab_size: int) -> data_lib.DataConfig:
@@ -173,11 +120,12 @@ def _check_cp_window(cfg, model) -> None:
 
 
 def run(cfg) -> dict[str, Any]:
-  """Runs the recipe; returns the summary (also written to `output_dir`)."""
-  from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+  """Runs the recipe with its model kind's SFT; returns the summary."""
+  return kinds.of_recipe(cfg).call("sft", cfg)
 
-  if diffusion_gemma.is_recipe(cfg):
-    return diffusion_gemma.run_sft(cfg)
+
+def run_block_diffusion(cfg) -> dict[str, Any]:
+  """Block-diffusion SFT of a Tunix causal LM (the summary it writes)."""
   mesh = common.build_mesh(cfg.get("mesh"))
   with common.mesh_scope(mesh):
     return _run(cfg, mesh)
