@@ -331,6 +331,7 @@ __all__ = [
     "to_dict",
     "traced_lora",
     "write_summary",
+    "make_training_config",
 ]
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 from flax import nnx
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from tunix_blockdiff import layouts
 from tunix_blockdiff import models as models_lib

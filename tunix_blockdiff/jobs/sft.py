@@ -15,13 +15,10 @@ by commit step, and `summary.json` counts the bad rows.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import sys
 from typing import Any, Sequence
 
 from flax import nnx
-import jax
-import numpy as np
 
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff import config as config_lib

@@ -38,7 +38,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rl import scoring
 from tunix_blockdiff.rl import selection
 from tunix_blockdiff.rl import trajectory_batch
-from tunix_blockdiff.rollout import denoise as denoise_lib
+from tunix_blockdiff.rollout import transition
 
 LIKELIHOODS = ("exact", "committed_only")
 
@@ -112,13 +112,13 @@ def per_token_logps(
     )
   inputs = batch.model_inputs
   logits, ranks = scoring.rank_logits_fn_for(config)(model, inputs)
-  denoise_lib.check_vocab(logits.shape[-1], config)
+  transition.check_vocab(logits.shape[-1], config)
   commit_step = inputs["commit_step"]
   committed = commit_step >= 0
   positions = trajectory_batch.sequence_layout(inputs, config.mask_token_id)[
       "positions"
   ][:, -commit_step.shape[1] :]
-  log_probs = denoise_lib.proposal_log_probs(logits, config)
+  log_probs = transition.proposal_log_probs(logits, config)
   logps = selection.per_token_log_likelihood(
       log_probs,
       inputs["completion_tokens"],
@@ -288,8 +288,8 @@ def trajectory_per_token_logprob(
       mask_token_id=config.mask_token_id,
   )
   logits = _per_step_logits(model_or_logits_fn, result, config)
-  denoise_lib.check_vocab(logits.shape[-1], config)
-  log_probs = denoise_lib.proposal_log_probs(logits, config)
+  transition.check_vocab(logits.shape[-1], config)
+  log_probs = transition.proposal_log_probs(logits, config)
   commit_step = jnp.asarray(result.trace_commit_step, jnp.int32)
   committed = commit_step >= 0
   if likelihood == "committed_only":

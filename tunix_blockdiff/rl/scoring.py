@@ -39,7 +39,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import trajectory_batch
-from tunix_blockdiff.rollout import denoise as denoise_lib
+from tunix_blockdiff.rollout import transition
 
 # Floor on a scored log-probability. It never binds under the rollout's own
 # parameters (a committed token is always inside its step's top-k/top-p set);
@@ -291,7 +291,7 @@ def compute_diffusion_per_token_logps(
   # Inactive slots may carry any id or non-finite logits: neutralise them.
   logits = jnp.where(active[..., None], logits.astype(jnp.float32), 0.0)
   targets = jnp.where(active, targets, 0)
-  log_probs = denoise_lib.proposal_log_probs(logits, config)
+  log_probs = transition.proposal_log_probs(logits, config)
   logps = jnp.take_along_axis(log_probs, targets[..., None], axis=-1)[..., 0]
   logps = jnp.where(active, jnp.maximum(logps, LOGP_FLOOR), 0.0)
   if stop_gradient:

@@ -41,15 +41,15 @@ Shapes: B batch, P prompt width, N `max_new_tokens`, W `block_size`, V vocab.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import models
-from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
+from tunix_blockdiff.rollout import transition
 from tunix_blockdiff.rollout import window_attention
 
 
@@ -93,7 +93,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   offsets = jnp.arange(width, dtype=jnp.int32)
 
   vocab = models.model_vocab_size(model)
-  denoise_lib.check_vocab(vocab, config)
+  transition.check_vocab(vocab, config)
 
   def call(tokens, call_positions, parts, window_mask):
     """(logits [B, Q, V], keys, values) of a window; the parts are read."""
@@ -183,7 +183,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
 
   def status_of(state: _CachedState):
     """(row status, active block start int32 [B], pending bool [B])."""
-    status = denoise_lib.row_status(
+    status = transition.row_status(
         state.tokens, state.commit_step, positions, completion, config
     )
     block_start = jnp.where(status.live, status.active_block, 0) * width
@@ -201,13 +201,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     logits, state = call_fn(state, block_start, window_valid, pending)
     noise = None
     if config.temperature > 0:
-      noise = denoise_lib.sampling_noise(rng, state.step, batch, width, vocab)
-    proposal, log_prob = denoise_lib.propose(logits, config, noise)
+      noise = transition.sampling_noise(rng, state.step, batch, width, vocab)
+    proposal, log_prob = transition.propose(logits, config, noise)
     eligible = (
         kv_cache.row_slice(status.masked, block_start, width) & live[:, None]
     )
     block_steps = jnp.where(block == state.last_block, state.block_steps, 0)
-    commit = denoise_lib.select_commits(
+    commit = transition.select_commits(
         jnp.exp(log_prob), eligible, window_positions, block_steps, config
     )
 
@@ -262,7 +262,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
       carry=carry,
   )
   final = jax.lax.while_loop(any_live, outer_body, init)
-  padded = denoise_lib.pad_after_eos(
+  padded = transition.pad_after_eos(
       final.tokens,
       final.commit_step,
       final.logprobs,
