@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.rollout import entropy_bound
+from tunix_blockdiff.kinds.diffusion_gemma import entropy_bound
 
 SIZES = {
     "tiny_recipe": dict(vocab_size=50, hidden_size=128, intermediate_size=256,

@@ -151,7 +151,7 @@ def _generate_option_sets() -> list[set[str]]:
   """Options of `generate` per kind of run (block diffusion first)."""
   sets = [set(generate.DEFAULTS)]
   try:
-    from tunix_blockdiff.jobs import diffusion_gemma  # pylint: disable=g-import-not-at-top
+    from tunix_blockdiff.kinds.diffusion_gemma import sft as diffusion_gemma  # pylint: disable=g-import-not-at-top
   except ImportError:
     return sets
   return sets + [set(getattr(diffusion_gemma, "DEFAULTS", {}))]

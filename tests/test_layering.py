@@ -87,3 +87,24 @@ def test_package_arrows_form_a_dag():
   for unit in sorted(graph):
     if unit not in state:
       visit(unit, [unit])
+
+
+def test_diffusion_gemma_lives_in_its_kind_package():
+  """Besides its model code (`models/diffusion_gemma/`), every module of the
+  DiffusionGemma kind is in `kinds/diffusion_gemma/`."""
+  outside = [
+      str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+      if ("diffusion_gemma" in p.name or "entropy_bound" in p.name)
+      and p.parent.name != "diffusion_gemma"
+  ]
+  assert not outside, outside
+
+
+def test_no_unit_imports_a_kind_package():
+  """Kinds sit above the shared layers: jobs reach them only through the
+  `jobs.kinds` registry's module references, never by an import."""
+  arrows = _arrows()
+  importers = {source: sorted(targets["kinds"])
+               for source, targets in arrows.items()
+               if source != "kinds" and "kinds" in targets}
+  assert not importers, importers

@@ -18,7 +18,7 @@ def test_register_makes_the_losses_available_and_is_idempotent(caplog):
 
   assert grpo_loss is grpo.bd_grpo_loss_fn
   assert opd_loss is opd.bd_opd_loss_fn
-  from tunix_blockdiff.rl import diffusion_gemma_grpo  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.kinds.diffusion_gemma import grpo as diffusion_gemma_grpo  # pylint: disable=g-import-not-at-top
 
   assert (function_registry.get_policy_loss_fn("dg_grpo")
           is diffusion_gemma_grpo.dg_grpo_loss_fn)

@@ -50,8 +50,8 @@ _LAZY = {
     # DiffusionGemma (docs/diffusion_gemma.md).
     "DiffusionGemma": ("tunix_blockdiff.models.diffusion_gemma", "DiffusionGemma"),
     "DiffusionGemmaConfig": ("tunix_blockdiff.models.diffusion_gemma", "DiffusionGemmaConfig"),
-    "DiffusionGemmaSampler": ("tunix_blockdiff.rollout.diffusion_gemma", "DiffusionGemmaSampler"),
-    "DiffusionGemmaTrainer": ("tunix_blockdiff.trainer", "DiffusionGemmaTrainer"),
+    "DiffusionGemmaSampler": ("tunix_blockdiff.kinds.diffusion_gemma.sampler", "DiffusionGemmaSampler"),
+    "DiffusionGemmaTrainer": ("tunix_blockdiff.kinds.diffusion_gemma.trainer", "DiffusionGemmaTrainer"),
     "load_diffusion_gemma": ("tunix_blockdiff.models.diffusion_gemma", "load"),
 }
 

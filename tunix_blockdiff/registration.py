@@ -4,7 +4,7 @@
 
 * policy loss `bd_grpo`: `tunix_blockdiff.rl.grpo.bd_grpo_loss_fn`;
 * policy loss `bd_opd`: `tunix_blockdiff.rl.opd.bd_opd_loss_fn`;
-* policy loss `dg_grpo`: `tunix_blockdiff.rl.diffusion_gemma_grpo
+* policy loss `dg_grpo`: `tunix_blockdiff.kinds.diffusion_gemma.grpo
   .dg_grpo_loss_fn` (sequence-level GRPO on DiffusionGemma rollouts).
 
 It is idempotent (registering twice changes nothing and logs nothing) and
@@ -22,7 +22,7 @@ from tunix.rl import function_registry
 POLICY_LOSSES = {
     "bd_grpo": ("tunix_blockdiff.rl.grpo", "bd_grpo_loss_fn"),
     "bd_opd": ("tunix_blockdiff.rl.opd", "bd_opd_loss_fn"),
-    "dg_grpo": ("tunix_blockdiff.rl.diffusion_gemma_grpo", "dg_grpo_loss_fn"),
+    "dg_grpo": ("tunix_blockdiff.kinds.diffusion_gemma.grpo", "dg_grpo_loss_fn"),
 }
 _LOCK = threading.Lock()
 

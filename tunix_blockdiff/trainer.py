@@ -23,7 +23,6 @@ from tunix_blockdiff import accumulation
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
-from tunix_blockdiff.objective import diffusion_gemma as dg_objective
 from tunix_blockdiff.objective import loss as loss_lib
 
 TrainingConfig = peft_trainer.TrainingConfig
@@ -223,58 +222,8 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
     return {"diffusion_config": dataclasses.asdict(self.diffusion_config)}
 
 
-class DiffusionGemmaTrainer(accumulation.TokenWeightedTrainer):
-  """A Tunix `PeftTrainer` on DiffusionGemma's objective.
-
-  Feed it `objective.diffusion_gemma.DiffusionGemmaBatches` (or
-  `eval_batches`). Everything else is `BlockDiffusionTrainer`'s: exact
-  token-weighted accumulation and metrics, Orbax checkpoints and resume,
-  qwix LoRA (only LoRA parameters train).
-
-  Attributes:
-    objective: The `DiffusionGemmaObjective`.
-  """
-
-  def __init__(
-      self,
-      model: nnx.Module,
-      optimizer: optax.GradientTransformation,
-      training_config: TrainingConfig,
-      objective: dg_objective.DiffusionGemmaObjective,
-      metrics_logger: peft_trainer.MetricsLogger | None = None,
-      **kwargs,
-  ):
-    """Builds the trainer and restores the latest checkpoint, if any.
-
-    Args:
-      model: A `models.diffusion_gemma.DiffusionGemma` (optionally LoRA).
-      optimizer: An optax transformation.
-      training_config: Tunix's `TrainingConfig`.
-      objective: The corruption and self-conditioning settings.
-      metrics_logger: Optional Tunix `MetricsLogger`.
-      **kwargs: Passed to `PeftTrainer`.
-    """
-    if not isinstance(objective, dg_objective.DiffusionGemmaObjective):
-      raise TypeError(
-          "objective must be a DiffusionGemmaObjective, got"
-          f" {type(objective).__name__}"
-      )
-    super().__init__(
-        model, optimizer, training_config, metrics_logger=metrics_logger,
-        **kwargs
-    )
-    self.objective = objective
-    self.loss_fn = dg_objective.make_loss_fn(objective)
-    self.eval_loss_fn = self.loss_fn
-    self.gen_model_input_fn = dg_objective.model_inputs
-
-  def custom_checkpoint_metadata(self) -> dict[str, Any]:
-    return {"diffusion_gemma_objective": dataclasses.asdict(self.objective)}
-
-
 __all__ = [
     "BlockDiffusionTrainer",
-    "DiffusionGemmaTrainer",
     "GradientSums",
     "MODEL_INPUT_FIELDS",
     "TokenWeightedMetricsBuffer",

@@ -142,6 +142,7 @@ def of_generate_args(argv) -> ModelKind:
 
 
 _JOBS = "tunix_blockdiff.jobs"
+_DG = "tunix_blockdiff.kinds.diffusion_gemma"
 register(ModelKind(
     name="block_diffusion",
     description="Tunix causal LM converted to block diffusion",
@@ -161,13 +162,13 @@ register(ModelKind(
     name="diffusion_gemma",
     description="DiffusionGemma run",
     recipe_kinds=("tiny_diffusion_gemma", "diffusion_gemma_hf"),
-    recognises_policy=f"{_JOBS}.diffusion_gemma_rl:is_policy",
-    recognises_path=f"{_JOBS}.diffusion_gemma:handles_generate",
+    recognises_policy=f"{_DG}.rl:is_policy",
+    recognises_path=f"{_DG}.sft:handles_generate",
     verbs={
-        "sft": f"{_JOBS}.diffusion_gemma:run_sft",
-        "rl": f"{_JOBS}.diffusion_gemma_rl:run",
-        "opd": f"{_JOBS}.diffusion_gemma_opd:run",
-        "generate": f"{_JOBS}.diffusion_gemma_generate:generate_main",
+        "sft": f"{_DG}.sft:run_sft",
+        "rl": f"{_DG}.rl:run",
+        "opd": f"{_DG}.opd:run",
+        "generate": f"{_DG}.generate:generate_main",
         "distill_data": None,
         "export": None,
     },

@@ -38,7 +38,7 @@ class BlockDiffusionRLCluster(rl_cluster_lib.RLCluster):
 
   Same constructor as `RLCluster`; `cluster_config.rollout_engine` must be
   `BlockDiffusionRollout` or a `functools.partial` of it. Subclasses for
-  other engines (`rl.diffusion_gemma_cluster`) set `rollout_types` and
+  other engines (`kinds.diffusion_gemma.cluster`) set `rollout_types` and
   `_concat_records`.
   """
 

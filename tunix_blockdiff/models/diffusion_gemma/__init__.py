@@ -1,8 +1,8 @@
 """DiffusionGemma (Google's block-diffusion Gemma 4) in JAX: model, config, loading.
 
 See `docs/diffusion_gemma.md`. The sampler lives in
-`tunix_blockdiff.rollout.diffusion_gemma`, the objective in
-`tunix_blockdiff.objective.diffusion_gemma`.
+`tunix_blockdiff.kinds.diffusion_gemma.sampler`, the objective in
+`tunix_blockdiff.kinds.diffusion_gemma.objective`.
 """
 
 from tunix_blockdiff.models.diffusion_gemma.config import DiffusionGemmaConfig

@@ -34,8 +34,8 @@ import numpy as np
 from tunix_blockdiff import distributed
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
-from tunix_blockdiff.rl import entropy_bound_likelihood
-from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+from tunix_blockdiff.kinds.diffusion_gemma import likelihood as entropy_bound_likelihood
+from tunix_blockdiff.kinds.diffusion_gemma import output as output_lib
 
 
 def check_samples(config: dg_config.SamplerConfig) -> None:

@@ -13,10 +13,10 @@ from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.models import tiny
-from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
-from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
-from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+from tunix_blockdiff.kinds.diffusion_gemma import scoring as scoring
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import engine as engine_lib
+from tunix_blockdiff.kinds.diffusion_gemma import output as output_lib
 
 TOKENIZER = tasks.CharTokenizer(alphabet="0123456789rev >")
 SAMPLER = dg.SamplerConfig(max_denoising_steps=5, entropy_bound=0.6,

@@ -17,13 +17,13 @@ from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.models import tiny
-from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
-from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
-from tunix_blockdiff.rl import diffusion_gemma_learner as learner_lib
+from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib
+from tunix_blockdiff.kinds.diffusion_gemma import grpo as dg_grpo
+from tunix_blockdiff.kinds.diffusion_gemma import learner as learner_lib
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import trainer as trainer_lib
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
-from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import engine as engine_lib
 
 tunix_blockdiff.register()
 

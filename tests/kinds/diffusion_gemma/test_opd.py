@@ -16,8 +16,8 @@ from tunix_blockdiff import cli
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
-from tunix_blockdiff.jobs import diffusion_gemma_opd
+from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
+from tunix_blockdiff.kinds.diffusion_gemma import opd as diffusion_gemma_opd
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 

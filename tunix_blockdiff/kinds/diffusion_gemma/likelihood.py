@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff.models.diffusion_gemma import config as config_lib
-from tunix_blockdiff.rollout import entropy_bound
+from tunix_blockdiff.kinds.diffusion_gemma import entropy_bound
 
 
 def canvas_logprob(decoder_fn: entropy_bound.DecoderFn,

@@ -20,12 +20,12 @@ import pytest
 from tunix_blockdiff import cli
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
-from tunix_blockdiff.jobs import diffusion_gemma_rl
+from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
+from tunix_blockdiff.kinds.diffusion_gemma import rl as diffusion_gemma_rl
 from tunix_blockdiff.jobs import launch
 from tunix_blockdiff.jobs import rl_checkpoints
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data"
+DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
 sys.path.insert(0, str(DATA))
 from hf_tokenizer import write_tiny_hf_tokenizer  # pylint: disable=g-import-not-at-top,wrong-import-position
 

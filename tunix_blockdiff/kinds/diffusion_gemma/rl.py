@@ -53,18 +53,18 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import diffusion_gemma as dg_job
-from tunix_blockdiff.jobs import diffusion_gemma_generate as dg_generate
+from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
+from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common
 from tunix_blockdiff.jobs import rl_data
 from tunix_blockdiff.jobs import rl_reward
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
-from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
-from tunix_blockdiff.rl import diffusion_gemma_learner as learner_lib
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
-from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
+from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib
+from tunix_blockdiff.kinds.diffusion_gemma import grpo as dg_grpo
+from tunix_blockdiff.kinds.diffusion_gemma import learner as learner_lib
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import engine as engine_lib
 from tunix_blockdiff.rollout import prompts as prompts_lib
 
 Role = rl_cluster_lib.Role

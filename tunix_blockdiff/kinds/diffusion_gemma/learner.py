@@ -12,7 +12,7 @@ Used like `BlockDiffusionGRPOLearner`:
 Its rollout step keeps each rollout's `DiffusionGemmaTrace` in the train
 example and asks the cluster for trajectory-exact sequence log-probs of the
 reference (when `beta != 0`) and of the rollout policy (when
-`num_iterations > 1`); the loss is `dg_grpo` (`rl/diffusion_gemma_grpo.py`).
+`num_iterations > 1`); the loss is `dg_grpo` (`kinds/diffusion_gemma/grpo.py`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
-from tunix_blockdiff.rl import diffusion_gemma_cluster as cluster_lib
-from tunix_blockdiff.rl import diffusion_gemma_grpo as dg_grpo
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib
+from tunix_blockdiff.kinds.diffusion_gemma import grpo as dg_grpo
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
 
 class DiffusionGemmaGRPOLearner(grpo_learner.GRPOLearner):

@@ -38,8 +38,8 @@ from tunix.rl.grpo import grpo_learner
 
 from tunix_blockdiff import compat
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
-from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
-from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+from tunix_blockdiff.kinds.diffusion_gemma import scoring as scoring
+from tunix_blockdiff.kinds.diffusion_gemma import output as output_lib
 
 LOG_RATIO_CLIP = 20.0
 LOSS_AGG_MODES = ("sequence-mean-token-mean", "seq-mean-token-sum")

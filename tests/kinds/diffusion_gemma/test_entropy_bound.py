@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from tunix_blockdiff.models.diffusion_gemma import SamplerConfig
-from tunix_blockdiff.rollout import entropy_bound as eb
+from tunix_blockdiff.kinds.diffusion_gemma import entropy_bound as eb
 
-REF = np.load(pathlib.Path(__file__).resolve().parents[1]
+REF = np.load(pathlib.Path(__file__).resolve().parents[2]
               / "data/diffusion_gemma/sampler.npz")
 
 

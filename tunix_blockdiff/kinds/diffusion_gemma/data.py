@@ -1,4 +1,4 @@
-"""DiffusionGemma training rows and batches (`objective.diffusion_gemma`).
+"""DiffusionGemma training rows and batches (`kinds.diffusion_gemma.objective`).
 
 A row is `[prompt ; completion ; fill]` in whole canvases, each canvas
 corrupted with uniform tokens at its own noise level (the objective's module
@@ -16,8 +16,8 @@ import numpy as np
 from tunix_blockdiff.data.examples import DataConfig
 from tunix_blockdiff.data.examples import Example
 from tunix_blockdiff.objective import corruption
-from tunix_blockdiff.objective.diffusion_gemma import DiffusionGemmaObjective
-from tunix_blockdiff.objective.diffusion_gemma import FIELDS
+from tunix_blockdiff.kinds.diffusion_gemma.objective import DiffusionGemmaObjective
+from tunix_blockdiff.kinds.diffusion_gemma.objective import FIELDS
 
 
 def encode_row(example: Example, objective: DiffusionGemmaObjective, *,

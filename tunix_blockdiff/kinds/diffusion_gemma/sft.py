@@ -3,14 +3,14 @@
 `tunix-blockdiff sft diffusion_gemma_tiny.yaml` trains a DiffusionGemma
 (`model.kind: tiny_diffusion_gemma` from scratch, or `diffusion_gemma_hf`
 with `model.path` an HF checkpoint directory) on the DiffusionGemma
-objective (`objective.diffusion_gemma`) with `DiffusionGemmaTrainer`
+objective (`kinds.diffusion_gemma.objective`) with `DiffusionGemmaTrainer`
 (Orbax checkpoints, exact resume, LoRA), then samples every held-out prompt
 with the entropy-bound sampler and reports exact match and forward passes
 per token. `sft` and `generate` hand a recipe or directory of this family
 to this module.
 
 `tunix-blockdiff generate RUN_OR_HF_DIR [key=value ...]` on this family is
-`jobs/diffusion_gemma_generate.py`.
+`kinds/diffusion_gemma/generate.py`.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ import omegaconf
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
-from tunix_blockdiff import trainer as trainer_lib
-from tunix_blockdiff.data import diffusion_gemma as dg_data
+from tunix_blockdiff.kinds.diffusion_gemma import data as dg_data
 from tunix_blockdiff.jobs import common
 from tunix_blockdiff.jobs import kinds
 from tunix_blockdiff.jobs import outputs
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.objective import diffusion_gemma as dg_objective
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import objective as dg_objective
+from tunix_blockdiff.kinds.diffusion_gemma import trainer as dg_trainer
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
 KINDS = kinds.get("diffusion_gemma").recipe_kinds
 _TINY_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads",
@@ -234,7 +234,7 @@ def _run_sft(cfg, mesh) -> dict[str, Any]:
   training_config = dataclasses.replace(
       common.make_training_config(cfg, out),
       pbar_description="DiffusionGemma SFT")
-  trainer = trainer_lib.DiffusionGemmaTrainer(
+  trainer = dg_trainer.DiffusionGemmaTrainer(
       model, common.make_optimizer(cfg.training), training_config, objective)
   outputs.show_progress(trainer, int(cfg.training.eval_every_n_steps) // 2 or 1,
                         int(cfg.training.max_steps), out)
@@ -300,7 +300,7 @@ def _run_sft(cfg, mesh) -> dict[str, Any]:
 
 
 # Options of `generate` on a DiffusionGemma run or HF directory
-# (`jobs/diffusion_gemma_generate.py`).
+# (`kinds/diffusion_gemma/generate.py`).
 DEFAULTS = {
     "prompts": None,
     "chat": False,

@@ -29,7 +29,7 @@ beta) holds the student near where it started. The gradient is the exact
 one of the sampler's trajectory distribution: each rollout's reward is its
 teacher log-likelihood per token, group-normalised over
 `opd.num_generations` rollouts of a prompt, in `dg_grpo`'s clipped
-sequence-level surrogate (`rl/diffusion_gemma_grpo.py`).
+sequence-level surrogate (`kinds/diffusion_gemma/grpo.py`).
 
 Recipe keys: `opd.steps`, `prompts_per_step`, `micro_batch_prompts`,
 `num_generations` (>= 2 here), `reference_kl`, `learning_rate`,
@@ -62,8 +62,8 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import ar_teacher
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import diffusion_gemma as dg_job
-from tunix_blockdiff.jobs import diffusion_gemma_rl as dg_rl
+from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
+from tunix_blockdiff.kinds.diffusion_gemma import rl as dg_rl
 from tunix_blockdiff.jobs import hf_teacher
 from tunix_blockdiff.jobs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_common

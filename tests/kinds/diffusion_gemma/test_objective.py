@@ -11,13 +11,13 @@ import optax
 import pytest
 from tunix.sft import peft_trainer
 
-from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.data.examples import DataConfig
 from tunix_blockdiff.data.examples import Example
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.data import diffusion_gemma as rows_lib
+from tunix_blockdiff.kinds.diffusion_gemma import data as rows_lib
 from tunix_blockdiff.jobs import model_setup
-from tunix_blockdiff.objective import diffusion_gemma as obj
+from tunix_blockdiff.kinds.diffusion_gemma import objective as obj
+from tunix_blockdiff.kinds.diffusion_gemma import trainer as dg_trainer
 
 VOCAB, C, SEQ = 24, 4, 16
 
@@ -140,11 +140,11 @@ def test_exact_accumulation_across_unequal_micro_batches():
   assert small["loss_weights"].sum() * 2 < large["loss_weights"].sum()
   full = {k: np.concatenate([small[k], large[k]]) for k in small}
   accumulated, one = _model(), _model()
-  trainer_lib.DiffusionGemmaTrainer(
+  dg_trainer.DiffusionGemmaTrainer(
       accumulated, optax.sgd(0.5),
       _config(max_steps=2, gradient_accumulation_steps=2), OBJ,
   ).train([small, large] * 2)
-  trainer_lib.DiffusionGemmaTrainer(
+  dg_trainer.DiffusionGemmaTrainer(
       one, optax.sgd(0.5), _config(max_steps=2), OBJ).train([full] * 2)
   initial = _params(_model())
   diff = lambda a, b: max(float(np.abs(x - y).max()) for x, y in zip(a, b))
@@ -176,7 +176,7 @@ def test_train_steps_keep_the_shardings_of_parameters_and_state():
   batch = {k: np.asarray(v) for k, v in _batch(
       [_example([1, 2], list(range(3, 11))), _example([3], [4, 5, 6])]).items()}
   with mesh:
-    trainer = trainer_lib.DiffusionGemmaTrainer(
+    trainer = dg_trainer.DiffusionGemmaTrainer(
         model, optax.adam(1e-2),
         _config(max_steps=2, gradient_accumulation_steps=2), OBJ)
     trainer.train([batch] * 4)
@@ -211,7 +211,7 @@ def test_lora_on_attention_and_mlp_trains_only_lora():
   frozen_before, lora_before = frozen(lora), _params(lora, nnx.LoRAParam)
   batch = {k: np.asarray(v) for k, v in _batch(
       [_example([1, 2], list(range(3, 11))), _example([3], [4, 5, 6])]).items()}
-  trainer_lib.DiffusionGemmaTrainer(
+  dg_trainer.DiffusionGemmaTrainer(
       lora, optax.adam(1e-2), _config(max_steps=2), OBJ).train([batch] * 2)
   lora_after = _params(lora, nnx.LoRAParam)
   assert max(float(np.abs(a - b).max())
@@ -242,5 +242,5 @@ def test_batches_are_deterministic_and_validated():
   with pytest.raises(ValueError, match="fill_id"):
     obj.DiffusionGemmaObjective(C, VOCAB, fill_id=VOCAB)
   with pytest.raises(TypeError, match="objective"):
-    trainer_lib.DiffusionGemmaTrainer(_model(), optax.sgd(0.1), _config(),
+    dg_trainer.DiffusionGemmaTrainer(_model(), optax.sgd(0.1), _config(),
                                       object())

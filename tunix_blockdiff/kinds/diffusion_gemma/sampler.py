@@ -22,7 +22,7 @@ import numpy as np
 from tunix_blockdiff import distributed
 from tunix_blockdiff.models.diffusion_gemma import config as config_lib
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
-from tunix_blockdiff.rollout import entropy_bound
+from tunix_blockdiff.kinds.diffusion_gemma import entropy_bound
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,11 +25,11 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import diffusion_gemma as dg_job
+from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
 from tunix_blockdiff.jobs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
 OUTPUT_FILE = "generate.json"
 TRAJECTORY_FILE = "trajectory.png"

@@ -19,8 +19,8 @@ import pytest
 from scipy import stats
 
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.rl import entropy_bound_likelihood as lik
-from tunix_blockdiff.rollout import entropy_bound
+from tunix_blockdiff.kinds.diffusion_gemma import likelihood as lik
+from tunix_blockdiff.kinds.diffusion_gemma import entropy_bound
 
 V, C, ROWS = 3, 2, 24000
 

@@ -25,7 +25,7 @@ import numpy as np
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
 _STEP_FIELDS = ("canvas", "next_canvas", "denoiser", "accepted", "live",
                 "sc_on", "logprob")

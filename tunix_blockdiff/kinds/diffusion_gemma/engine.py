@@ -8,7 +8,7 @@ A Tunix `BaseRollout`, built by `RLCluster` like `BlockDiffusionRollout`:
         ...)
 
 and used with `rl.diffusion_gemma_cluster.DiffusionGemmaRLCluster`.
-Generation is `rollout/diffusion_gemma.DiffusionGemmaSampler` (JAX, one
+Generation is `kinds/diffusion_gemma/sampler.DiffusionGemmaSampler` (JAX, one
 compiled program per canvas) with `record_trace=True`; each call returns a
 `DiffusionGemmaRolloutOutput` holding every row's trace (canvases, accepted
 masks, sampled tokens, temperatures, live steps, self-conditioning switch)
@@ -44,9 +44,9 @@ from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
-from tunix_blockdiff.rl import diffusion_gemma_scoring as scoring
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
-from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+from tunix_blockdiff.kinds.diffusion_gemma import scoring as scoring
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import output as output_lib
 from tunix_blockdiff.rollout import engine_common
 from tunix_blockdiff.rollout import prompts as prompts_lib
 from tunix_blockdiff.rollout import sampling

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tunix_blockdiff.models import diffusion_gemma as dg
-from tunix_blockdiff.rollout import diffusion_gemma as dg_rollout
+from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
-DATA = pathlib.Path(__file__).resolve().parents[1] / "data/diffusion_gemma"
+DATA = pathlib.Path(__file__).resolve().parents[2] / "data/diffusion_gemma"
 
 
 def test_finish_canvas_pads_after_eos_and_for_finished_rows():

@@ -17,8 +17,8 @@ import numpy as np
 from tunix.rl import utils as rl_utils
 
 from tunix_blockdiff.rl import cluster as cluster_lib
-from tunix_blockdiff.rollout import diffusion_gemma_engine as engine_lib
-from tunix_blockdiff.rollout import diffusion_gemma_output as output_lib
+from tunix_blockdiff.kinds.diffusion_gemma import engine as engine_lib
+from tunix_blockdiff.kinds.diffusion_gemma import output as output_lib
 
 Role = cluster_lib.Role
 
