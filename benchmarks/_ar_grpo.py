@@ -20,10 +20,10 @@ from tunix.sft import metrics_logger as metrics_lib
 from tunix.sft import peft_trainer
 
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.jobs import ar_teacher
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import ar_teacher
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import rl_common
+from tunix_blockdiff.runs import rl_data
 
 Mode = rl_cluster_lib.Mode
 Role = rl_cluster_lib.Role

@@ -17,7 +17,7 @@ import omegaconf
 from tunix.generate import sampler as sampler_lib
 from tunix.sft import peft_trainer
 
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 
 def model_inputs(pad_id: int):

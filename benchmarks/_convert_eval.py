@@ -27,9 +27,9 @@ from tunix_blockdiff.models import hf_export
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import metrics
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import generate as generate_job
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.rollout import cached
 
 COMPARED_TOKENS = 64

@@ -19,7 +19,7 @@ import numpy as np
 import omegaconf
 from tunix.models.qwen3 import model as qwen3_lib
 
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import tiny as tiny_models
 

@@ -42,7 +42,7 @@ import numpy as np
 import omegaconf
 import transformers
 
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.models import checkpoints
 
 

@@ -56,7 +56,7 @@ import _convert_stages
 import _pretrain
 
 from tunix_blockdiff.models import checkpoints
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 
 # Run only when named with --stages (the quick run runs them too): the AR peer

@@ -40,11 +40,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import rl as rl_job
 from tunix_blockdiff.jobs import rl_policy
-from tunix_blockdiff.jobs import rl_data
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import rl_reward
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import _ar_grpo  # pylint: disable=g-import-not-at-top,g-bad-import-order

@@ -26,8 +26,8 @@ import sys
 
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import trainer as trainer_lib
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import outputs
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import outputs
 from tunix_blockdiff.jobs import sft
 
 STREAMS = ("single", "clean_prefix", "two_stream")

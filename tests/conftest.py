@@ -135,7 +135,7 @@ def untrained_policy(tmp_path_factory) -> pathlib.Path:
   """
   from tunix.sft import checkpoint_manager  # pylint: disable=g-import-not-at-top
 
-  from tunix_blockdiff.jobs import common  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.runs import common  # pylint: disable=g-import-not-at-top
 
   directory = tmp_path_factory.mktemp("untrained_policy")
   cfg = common.load_recipe([

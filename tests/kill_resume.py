@@ -25,7 +25,7 @@ import pytest
 
 BLOCKER = """
 import os, pathlib, time
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import rl_checkpoints
 
 _save = rl_checkpoints.StatefulCheckpointManager.save
 

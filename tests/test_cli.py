@@ -1,7 +1,7 @@
 """Tests for the `tunix-blockdiff` command dispatcher."""
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import bench
 
 

@@ -24,12 +24,12 @@ import yaml
 from tunix_blockdiff import cli
 from tunix_blockdiff import distributed
 from tunix_blockdiff.jobs import bench
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import export
 from tunix_blockdiff.jobs import generate
 from tunix_blockdiff.jobs import launch
-from tunix_blockdiff.jobs import rl_data
-from tunix_blockdiff.jobs import sft_data
+from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import sft_data
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

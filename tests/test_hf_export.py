@@ -14,7 +14,7 @@ from tunix.models.qwen3 import model as qwen3_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import model_setup
 
 VOCAB = 48
 

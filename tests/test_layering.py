@@ -102,9 +102,18 @@ def test_diffusion_gemma_lives_in_its_kind_package():
 
 def test_no_unit_imports_a_kind_package():
   """Kinds sit above the shared layers: jobs reach them only through the
-  `jobs.kinds` registry's module references, never by an import."""
+  `runs.kinds` registry's module references, never by an import."""
   arrows = _arrows()
   importers = {source: sorted(targets["kinds"])
                for source, targets in arrows.items()
                if source != "kinds" and "kinds" in targets}
   assert not importers, importers
+
+
+def test_jobs_and_kinds_share_runs_and_import_neither_each_other():
+  """`jobs` (the verbs) and `kinds` (a kind's implementations) both build on
+  `runs` (what every run needs); `runs` imports neither."""
+  arrows = _arrows()
+  assert "kinds" not in arrows.get("jobs", {}), arrows["jobs"].get("kinds")
+  assert "jobs" not in arrows.get("kinds", {}), arrows["kinds"].get("jobs")
+  assert not {"jobs", "kinds"} & set(arrows.get("runs", {})), arrows["runs"]

@@ -20,7 +20,7 @@ from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff import models
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import model_setup
 
 VOCAB, MASK, SEQ, BLOCK = 64, 3, 16, 4
 DCFG = config_lib.BlockDiffusionConfig(block_size=BLOCK, mask_token_id=MASK)
@@ -256,7 +256,7 @@ def test_every_bundled_tiny_recipe_draws_its_feed_forward_kernels():
   """Trained from scratch, a model needs random MLPs (Tunix's are zero)."""
   import omegaconf  # pylint: disable=g-import-not-at-top
 
-  from tunix_blockdiff.jobs import common  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.runs import common  # pylint: disable=g-import-not-at-top
 
   tiny = omegaconf.OmegaConf.load(common.recipe_path("tiny.yaml"))
   assert tiny.model.kind.startswith("tiny_") and tiny.model.random_mlp is True

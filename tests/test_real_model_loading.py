@@ -22,7 +22,7 @@ from tunix.models.qwen3 import model as qwen3_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import model_setup
 
 _TESTS = pathlib.Path(__file__).resolve().parent
 VOCAB = 64
@@ -110,7 +110,7 @@ def test_config_and_path_errors(tmp_path):
 
 def test_real_model_recipe_runs_on_a_tiny_checkpoint_with_lora(tmp_path):
   """`sft qwen3_0p6b.yaml`: load, shard, LoRA, train, checkpoint, summary."""
-  from tunix_blockdiff.jobs import common
+  from tunix_blockdiff.runs import common
   from tunix_blockdiff.jobs import sft
 
   ckpt = tmp_path / "hf"

@@ -17,7 +17,7 @@ from tunix_blockdiff import data
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
 from tunix_blockdiff.objective import loss as loss_lib
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import model_setup
 
 VOCAB = 50
 MASK = 3

@@ -34,7 +34,7 @@ import convert_speed  # noqa: E402  pylint: disable=g-import-not-at-top
 from tunix_blockdiff.models import checkpoints  # noqa: E402
 from tunix_blockdiff import config as config_lib  # noqa: E402
 from tunix_blockdiff import data as data_lib  # noqa: E402
-from tunix_blockdiff.jobs import common  # noqa: E402
+from tunix_blockdiff.runs import common  # noqa: E402
 
 # Row budgets (tokens): the tiny tokenizer needs room for a docstring.
 PROMPT, COMPLETION = 160, 40

@@ -16,10 +16,10 @@ import pytest
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import tasks
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_data
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import rl_common
+from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import rl_reward
 
 PATH = (
     pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "rl_vs_ar.py"

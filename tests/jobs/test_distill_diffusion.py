@@ -15,7 +15,7 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 from tunix_blockdiff import cli
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.data import rows as rows_lib
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import distill_data
 from tunix_blockdiff.jobs import distill_diffusion
 from tunix_blockdiff.rollout import cached

@@ -19,8 +19,8 @@ import pytest
 from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import exported
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import exported
 from tunix_blockdiff.jobs import generate as generate_job
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export

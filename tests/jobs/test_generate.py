@@ -7,7 +7,7 @@ import pytest
 from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import generate as generate_job
 from tunix_blockdiff.rollout import cached
 

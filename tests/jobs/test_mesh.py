@@ -11,7 +11,7 @@ import omegaconf
 import pytest
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import opd
 from tunix_blockdiff.jobs import rl
 

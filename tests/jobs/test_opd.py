@@ -4,7 +4,7 @@ import json
 
 import omegaconf
 
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import opd
 
 # The AR teacher's size (the student is conftest's `untrained_policy`).

@@ -14,7 +14,7 @@ import kill_resume
 import pytest
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_policy
 
 RUN = [

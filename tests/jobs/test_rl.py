@@ -7,7 +7,7 @@ import textwrap
 import omegaconf
 import pytest
 
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import rl
 
 # A few SFT steps of a 1-layer model: the point is the plumbing (SFT warm

@@ -24,8 +24,8 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff.jobs import launch
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import rl_common
 from tunix_blockdiff.jobs import rl_policy
 
 TINY_MODEL = {

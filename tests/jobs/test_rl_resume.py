@@ -17,7 +17,7 @@ import kill_resume
 import pytest
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.jobs import rl_policy
 
 # Rewards that differ between rollouts (an untrained policy's exact match is

@@ -9,7 +9,7 @@ import omegaconf
 import pytest
 
 from tunix_blockdiff import cli
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 # A few steps of the default recipe on a smaller model and data.
 TINY = [

@@ -8,8 +8,8 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import sft_data
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import sft_data
 
 SMALL = [
     "model.num_layers=1",

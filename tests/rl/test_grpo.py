@@ -18,7 +18,7 @@ from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import tasks
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.runs import rl_common
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import learners

@@ -8,7 +8,7 @@ import qwix
 import tunix_blockdiff as tbd
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import model_setup
 
 
 def test_lora_model_generates_like_its_merged_weights():

@@ -22,10 +22,10 @@ from typing import Any, NamedTuple, Sequence
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import exported
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import exported
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import rl_checkpoints
 
 
 class Source(NamedTuple):

@@ -37,10 +37,10 @@ import uuid
 import omegaconf
 
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import exported
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import exported
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import registry
 

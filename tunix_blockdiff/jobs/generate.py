@@ -39,11 +39,11 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import exported
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import sft_data
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import exported
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import sft_data
 
 DEFAULTS = {
     "prompts": None,

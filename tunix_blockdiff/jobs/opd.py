@@ -14,11 +14,11 @@ With no recipe it runs the bundled `opd_tiny.yaml`:
    trajectory-exact distributions to the teacher's.
 
 With `teacher.kind: hf` step 1 loads `teacher.path` instead, a Hugging Face
-checkpoint of any family the package loads, frozen (`jobs.hf_teacher`; its
+checkpoint of any family the package loads, frozen (`runs.hf_teacher`; its
 tokenizer must agree with the student's, checked before anything runs).
 
 Prompts are the SFT task's, or rows `{"prompt", "answer"}` of the recipe's
-`dataset.train` / `dataset.eval` files (`jobs.rl_data`); the teacher then
+`dataset.train` / `dataset.eval` files (`runs.rl_data`); the teacher then
 trains on the first `teacher.num_train` training rows and OPD uses the rest
 (all of them with an HF teacher).
 
@@ -39,15 +39,15 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import ar_teacher
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import hf_teacher
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import ar_teacher
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import hf_teacher
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import rl_common
+from tunix_blockdiff.runs import rl_data
 from tunix_blockdiff.jobs import rl_policy
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import opd
 from tunix_blockdiff.rl import scoring
@@ -171,7 +171,7 @@ def _check_block_diffusion_keys(opd_cfg) -> None:
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`).
 
-  The `student` checkpoint's model kind runs it (`jobs.kinds`).
+  The `student` checkpoint's model kind runs it (`runs.kinds`).
   """
   return kinds.of_policy(cfg.get("student")).call("opd", cfg)
 

@@ -13,7 +13,7 @@ Your own prompts and reward: `dataset.train=prompts.jsonl` (rows
 `{"prompt", "answer", ...}`; `dataset.eval` for held-out rows, else some are
 split off) and `reward=package.module:function` (Tunix's reward signature
 `fn(prompts, completions, **kwargs) -> list[float]`; the rows' other columns
-arrive as keyword arguments). See `jobs.rl_data`.
+arrive as keyword arguments). See `runs.rl_data`.
 
 Writes to `output_dir`: the resolved recipe, `summary.json` (`reward_start`,
 `reward_end`, `steps`, `seconds`, greedy exact match before and after, ...),
@@ -21,7 +21,7 @@ Writes to `output_dir`: the resolved recipe, `summary.json` (`reward_start`,
 `policy/` (what `generate`, `rl init.checkpoint=` and `opd
 student.checkpoint=` take), and with `grpo.checkpoint_every_n_steps`
 `checkpoints/`, from which relaunching the same command resumes exactly
-(`jobs.rl_checkpoints`).
+(`runs.rl_checkpoints`).
 """
 
 from __future__ import annotations
@@ -35,13 +35,13 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import distributed
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import rl_common
+from tunix_blockdiff.runs import rl_data
 from tunix_blockdiff.jobs import rl_policy
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import learners
@@ -99,7 +99,7 @@ def plot_reward_curve(
 def run(cfg) -> dict[str, Any]:
   """Runs the recipe; returns the summary (also written to `output_dir`).
 
-  The `init` checkpoint's model kind runs it (`jobs.kinds`).
+  The `init` checkpoint's model kind runs it (`runs.kinds`).
   """
   return kinds.of_policy(cfg.get("init")).call("rl", cfg)
 

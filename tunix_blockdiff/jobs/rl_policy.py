@@ -18,9 +18,9 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import outputs
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import outputs
+from tunix_blockdiff.runs import rl_checkpoints
 
 
 def load_sft_policy(

@@ -7,7 +7,7 @@ TensorBoard metrics (`tensorboard/`), `summary.json` and `sft.png` (loss
 curves; exact match against tokens per model call over a threshold sweep).
 
 `dataset.train=FILES [dataset.eval=FILES]` trains on your jsonl, parquet or
-save_to_disk files instead of the task (`jobs/sft_data.py`,
+save_to_disk files instead of the task (`runs/sft_data.py`,
 docs/sft_data.md); on them the eval adds edit similarity and prints samples coloured
 by commit step, and `summary.json` counts the bad rows.
 """
@@ -27,10 +27,10 @@ from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import models
 from tunix_blockdiff import trainer as trainer_lib
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import outputs
-from tunix_blockdiff.jobs import sft_data as sft_data_lib
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import outputs
+from tunix_blockdiff.runs import sft_data as sft_data_lib
 
 FIGURE_FILE = "sft.png"
 

@@ -8,6 +8,6 @@ Tunix rollout engine and GRPO pieces, and its jobs (`sft`, `rl`, `opd`,
 the shared packages (`objective`, `rollout`, `rl`, `trainer`) and the jobs'
 own code.
 
-Jobs reach a kind only through `jobs.kinds`, the registry that says which
+Jobs reach a kind only through `runs.kinds`, the registry that says which
 kind a recipe, policy or directory is and where each of its verbs lives.
 """

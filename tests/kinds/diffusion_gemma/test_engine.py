@@ -10,7 +10,7 @@ import pytest
 from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import tasks
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.models import tiny
 from tunix_blockdiff.kinds.diffusion_gemma import scoring as scoring

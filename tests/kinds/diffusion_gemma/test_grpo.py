@@ -14,7 +14,7 @@ from tunix.rl.rollout import base_rollout
 
 import tunix_blockdiff
 from tunix_blockdiff import tasks
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.runs import rl_common
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.models import tiny
 from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib

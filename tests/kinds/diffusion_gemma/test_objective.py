@@ -15,7 +15,7 @@ from tunix_blockdiff.data.examples import DataConfig
 from tunix_blockdiff.data.examples import Example
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.kinds.diffusion_gemma import data as rows_lib
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import model_setup
 from tunix_blockdiff.kinds.diffusion_gemma import objective as obj
 from tunix_blockdiff.kinds.diffusion_gemma import trainer as dg_trainer
 

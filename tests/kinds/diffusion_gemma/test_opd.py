@@ -15,7 +15,7 @@ import pytest
 from tunix_blockdiff import cli
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff import tasks as tasks_lib
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
 from tunix_blockdiff.kinds.diffusion_gemma import opd as diffusion_gemma_opd
 from tunix_blockdiff.models import logits as modeling

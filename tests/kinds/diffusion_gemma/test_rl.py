@@ -19,11 +19,11 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
 from tunix_blockdiff.kinds.diffusion_gemma import rl as diffusion_gemma_rl
 from tunix_blockdiff.jobs import launch
-from tunix_blockdiff.jobs import rl_checkpoints
+from tunix_blockdiff.runs import rl_checkpoints
 
 DATA = pathlib.Path(__file__).resolve().parents[2] / "data"
 sys.path.insert(0, str(DATA))

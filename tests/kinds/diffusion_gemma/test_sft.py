@@ -17,7 +17,7 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
 from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
 

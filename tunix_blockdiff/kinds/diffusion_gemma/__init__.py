@@ -6,7 +6,7 @@
   commits and the trajectories it records.
 * `engine`, `scoring`, `likelihood`, `cluster`, `grpo`, `learner`: the Tunix
   rollout engine, the exact trajectory likelihood, and GRPO/OPD on them.
-* `sft`, `rl`, `opd`, `generate`: the jobs (`jobs.kinds` dispatches to
+* `sft`, `rl`, `opd`, `generate`: the jobs (`runs.kinds` dispatches to
   them).
 
 The model itself is `models.diffusion_gemma`.

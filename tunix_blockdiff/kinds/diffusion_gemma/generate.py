@@ -24,9 +24,9 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
-from tunix_blockdiff.jobs import sft_data as sft_data_lib
+from tunix_blockdiff.runs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
@@ -163,7 +163,7 @@ def generate(path: pathlib.Path, options) -> dict[str, Any]:
 
 def generate_main(argv: Sequence[str]) -> int:
   """`tunix-blockdiff generate DIR [key=value ...]` for DiffusionGemma."""
-  from tunix_blockdiff.jobs import rl_checkpoints  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.runs import rl_checkpoints  # pylint: disable=g-import-not-at-top
 
   path = pathlib.Path(argv[0]).expanduser().resolve()
   if not dg_job.is_hf_dir(path):

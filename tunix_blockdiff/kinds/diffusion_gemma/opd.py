@@ -11,7 +11,7 @@ directory). The teacher is autoregressive, frozen while the student trains:
 - `teacher.kind: hf`: `teacher.path`, a Hugging Face checkpoint of any
   family the package loads. Its tokenizer must agree with the student's
   (vocabulary size, tokenizer length, pad/EOS/BOS ids), checked before
-  anything runs (`jobs.hf_teacher.check_tokenizers_agree`).
+  anything runs (`runs.hf_teacher.check_tokenizers_agree`).
 
 **Objective.** A DiffusionGemma trajectory resamples the whole canvas at
 every step and can revise any token, so the student has no per-token
@@ -60,15 +60,15 @@ import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import ar_teacher
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import ar_teacher
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
 from tunix_blockdiff.kinds.diffusion_gemma import rl as dg_rl
-from tunix_blockdiff.jobs import hf_teacher
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_data
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import hf_teacher
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import rl_common
+from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import rl_reward
 from tunix_blockdiff.rl import opd as opd_lib
 from tunix_blockdiff.rollout import prompts as prompts_lib
 

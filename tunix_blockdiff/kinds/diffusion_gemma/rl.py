@@ -8,7 +8,7 @@ or the directory's weights, sampled
 by `DiffusionGemmaRollout` with the run's `sampler` section, inside
 `DiffusionGemmaRLCluster` and trained by `DiffusionGemmaGRPOLearner`
 (`dg_grpo`, the sequence-level exact likelihood ratio). Prompts and the
-reward are the rl job's (`jobs.rl_data`, `jobs.rl_reward`): the run's task,
+reward are the rl job's (`runs.rl_data`, `runs.rl_reward`): the run's task,
 or `dataset` and `reward`.
 
 Recipe keys that do not apply here: `rollout.threshold`,
@@ -16,7 +16,7 @@ Recipe keys that do not apply here: `rollout.threshold`,
 `grpo.loss_agg_mode` and `grpo.likelihood` (dg_grpo is sequence-level and
 exact). Not supported: several processes.
 
-Checkpoints and resume are the rl job's (`jobs.rl_checkpoints`):
+Checkpoints and resume are the rl job's (`runs.rl_checkpoints`):
 `grpo.checkpoint_every_n_steps` saves the actor through Tunix and the job
 state (the rollout engine's call counter, the training rewards) beside it;
 relaunching the same command continues from the latest checkpoint to the
@@ -52,13 +52,13 @@ from tunix.generate import tokenizer_adapter
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
 from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_common
-from tunix_blockdiff.jobs import rl_data
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import rl_common
+from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import rl_reward
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib
 from tunix_blockdiff.kinds.diffusion_gemma import grpo as dg_grpo

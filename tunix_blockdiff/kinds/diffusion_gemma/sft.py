@@ -29,10 +29,10 @@ from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff.kinds.diffusion_gemma import data as dg_data
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import kinds
-from tunix_blockdiff.jobs import outputs
-from tunix_blockdiff.jobs import sft_data as sft_data_lib
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import outputs
+from tunix_blockdiff.runs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.kinds.diffusion_gemma import objective as dg_objective
@@ -317,7 +317,7 @@ def handles_generate(argv: Sequence[str]) -> bool:
 
   An rl/opd run counts by its trained policy (`policy/`).
   """
-  from tunix_blockdiff.jobs import rl_checkpoints  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.runs import rl_checkpoints  # pylint: disable=g-import-not-at-top
 
   if not argv or "=" in argv[0] or argv[0].startswith("-"):
     return False

@@ -1,12 +1,12 @@
-"""User reward functions of the rl/opd jobs (`jobs.rl_reward`)."""
+"""User reward functions of the rl/opd jobs (`runs.rl_reward`)."""
 
 import textwrap
 
 import omegaconf
 import pytest
 
-from tunix_blockdiff.jobs import rl_data
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import rl_reward
 
 REWARDS_MODULE = textwrap.dedent("""
     NOT_A_FUNCTION = 3

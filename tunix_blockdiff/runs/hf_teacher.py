@@ -25,7 +25,7 @@ import omegaconf
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_configs
 

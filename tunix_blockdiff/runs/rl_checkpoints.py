@@ -34,7 +34,7 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 POLICY_SUBDIR = "policy"
 CHECKPOINT_SUBDIR = "checkpoints"

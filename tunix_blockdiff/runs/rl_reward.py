@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 
 from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import rl_data
 
 RewardFn = Callable[..., Any]
 REWARD_SPEC = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

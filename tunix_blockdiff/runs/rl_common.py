@@ -3,7 +3,7 @@
 The mesh, the rollout engine, rollout configs, the cluster config, the
 optimizer and the held-out reward evaluation are built the same way for
 GRPO and OPD. The policy is loaded by `jobs.rl_policy`; prompts and rewards
-are in `jobs.rl_data`.
+are in `runs.rl_data`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from tunix.sft import metrics_logger as metrics_lib
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import rl_checkpoints
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import rl_data
 from tunix_blockdiff.rollout import engine as engine_lib
 
 Mode = rl_cluster_lib.Mode

@@ -5,7 +5,7 @@
 (`traced_lora`: qwix's model pass traced, not dispatched op by op), and
 `shard_model` places its parameters by the model's own partition specs
 (Tunix's rules), after `check_model_fits_mesh` has named any parameter that
-does not divide over its mesh axes. `jobs.common` re-exports them.
+does not divide over its mesh axes. `runs.common` re-exports them.
 """
 
 from __future__ import annotations

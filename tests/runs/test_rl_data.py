@@ -1,4 +1,4 @@
-"""Prompt rows of the rl/opd jobs (`jobs.rl_data`): tasks and dataset files."""
+"""Prompt rows of the rl/opd jobs (`runs.rl_data`): tasks and dataset files."""
 
 import json
 
@@ -10,7 +10,7 @@ import omegaconf
 import pytest
 
 from tunix_blockdiff import tasks
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import rl_data
 
 
 def _write_jsonl(path, rows):

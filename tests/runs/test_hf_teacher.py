@@ -20,13 +20,13 @@ import pytest
 
 from tunix_blockdiff import errors
 from tunix_blockdiff import tasks
-from tunix_blockdiff.jobs import ar_teacher
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import hf_teacher
+from tunix_blockdiff.runs import ar_teacher
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import hf_teacher
 from tunix_blockdiff.jobs import opd as opd_job
-from tunix_blockdiff.jobs import rl_common
+from tunix_blockdiff.runs import rl_common
 from tunix_blockdiff.jobs import rl_policy
-from tunix_blockdiff.jobs import rl_reward
+from tunix_blockdiff.runs import rl_reward
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_export
 from tunix_blockdiff.models import registry

@@ -2,7 +2,7 @@
 
 `prepare_output_dir` saves the resolved recipe, `write_summary` writes
 `summary.json` and `plot_training_figure` the training figure. Re-exported
-by `tunix_blockdiff.jobs.common`.
+by `tunix_blockdiff.runs.common`.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import metrics
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.data import rows as rows_lib
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 DATASET_DEFAULTS = {
     "train": None,

@@ -2,7 +2,7 @@
 
 `evaluate_generation` generates every held-out example's completion with
 `rollout.cached.generate` and scores it; re-exported by
-`tunix_blockdiff.jobs.common`.
+`tunix_blockdiff.runs.common`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import tasks as tasks_lib
-from tunix_blockdiff.jobs.outputs import Stopwatch
+from tunix_blockdiff.runs.outputs import Stopwatch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`jobs.model_setup`: placing a recipe's model on the mesh, and LoRA flags."""
+"""`runs.model_setup`: placing a recipe's model on the mesh, and LoRA flags."""
 
 from flax import nnx
 import jax
@@ -6,8 +6,8 @@ import numpy as np
 import omegaconf
 import pytest
 
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import model_setup
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import model_setup
 from tunix_blockdiff.models import tiny
 
 

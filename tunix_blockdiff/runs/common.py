@@ -7,7 +7,7 @@ so a typo in an override fails instead of being ignored.
 
 The helpers below build what a recipe names (tokenizer, synthetic task data,
 mesh, optimizer; the model, LoRA and their placement come from
-`jobs.model_setup`), evaluate generation with `generate`, and write the
+`runs.model_setup`), evaluate generation with `generate`, and write the
 run's outputs (resolved recipe, `summary.json`, figures).
 """
 
@@ -32,25 +32,25 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
 
 # pylint: disable=g-importing-member,unused-import
-from tunix_blockdiff.jobs.evaluation import GenerationEval
-from tunix_blockdiff.jobs.evaluation import evaluate_generation
-from tunix_blockdiff.jobs.model_setup import apply_lora
-from tunix_blockdiff.jobs.model_setup import build_model
-from tunix_blockdiff.jobs.model_setup import check_model_fits_mesh
-from tunix_blockdiff.jobs.model_setup import lora_enabled
-from tunix_blockdiff.jobs.model_setup import model_vocab_size
-from tunix_blockdiff.jobs.model_setup import shard_model
-from tunix_blockdiff.jobs.model_setup import traced_lora
-from tunix_blockdiff.jobs import outputs
-from tunix_blockdiff.jobs.outputs import _jsonable
-from tunix_blockdiff.jobs.outputs import make_training_config
-from tunix_blockdiff.jobs.outputs import plot_training_figure
-from tunix_blockdiff.jobs.outputs import prepare_output_dir
-from tunix_blockdiff.jobs.outputs import show_progress
-from tunix_blockdiff.jobs.outputs import RECIPE_FILE
-from tunix_blockdiff.jobs.outputs import Stopwatch
-from tunix_blockdiff.jobs.outputs import SUMMARY_FILE
-from tunix_blockdiff.jobs.outputs import write_summary
+from tunix_blockdiff.runs.evaluation import GenerationEval
+from tunix_blockdiff.runs.evaluation import evaluate_generation
+from tunix_blockdiff.runs.model_setup import apply_lora
+from tunix_blockdiff.runs.model_setup import build_model
+from tunix_blockdiff.runs.model_setup import check_model_fits_mesh
+from tunix_blockdiff.runs.model_setup import lora_enabled
+from tunix_blockdiff.runs.model_setup import model_vocab_size
+from tunix_blockdiff.runs.model_setup import shard_model
+from tunix_blockdiff.runs.model_setup import traced_lora
+from tunix_blockdiff.runs import outputs
+from tunix_blockdiff.runs.outputs import _jsonable
+from tunix_blockdiff.runs.outputs import make_training_config
+from tunix_blockdiff.runs.outputs import plot_training_figure
+from tunix_blockdiff.runs.outputs import prepare_output_dir
+from tunix_blockdiff.runs.outputs import show_progress
+from tunix_blockdiff.runs.outputs import RECIPE_FILE
+from tunix_blockdiff.runs.outputs import Stopwatch
+from tunix_blockdiff.runs.outputs import SUMMARY_FILE
+from tunix_blockdiff.runs.outputs import write_summary
 # pylint: enable=g-importing-member,unused-import
 
 RECIPES_DIR = pathlib.Path(__file__).resolve().parents[1] / "recipes"

@@ -1,4 +1,4 @@
-"""`jobs.kinds`: the model-kind registry every verb dispatches through.
+"""`runs.kinds`: the model-kind registry every verb dispatches through.
 
 Which kind a recipe, a policy section and a `generate` directory belong
 to; every registered verb reference resolves to a function; a verb a kind
@@ -16,9 +16,9 @@ import pytest
 
 from tunix_blockdiff import cli
 from tunix_blockdiff import errors
-from tunix_blockdiff.jobs import kinds
+from tunix_blockdiff.runs import kinds
 
-JOBS = pathlib.Path(kinds.__file__).parent
+JOBS = pathlib.Path(kinds.__file__).parents[1] / "jobs"
 
 
 def _recipe(model_kind):

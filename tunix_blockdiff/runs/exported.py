@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 SECTION = "block_diffusion"
 VERSION = 1

@@ -1,4 +1,4 @@
-"""Prompts of the `rl` and `opd` jobs (their rewards: `jobs.rl_reward`).
+"""Prompts of the `rl` and `opd` jobs (their rewards: `runs.rl_reward`).
 
 Prompts come from the SFT warm start's built-in task (the default) or from
 dataset files named by the recipe's `dataset` section. As in Tunix, every
@@ -23,7 +23,7 @@ from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.data import sources as sources_lib
-from tunix_blockdiff.jobs import common
+from tunix_blockdiff.runs import common
 
 Row = dict[str, Any]
 

@@ -17,8 +17,8 @@ from tunix.sft import peft_trainer
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.jobs import common
-from tunix_blockdiff.jobs import rl_data
+from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import rl_data
 
 
 def causal_lm_batches(
