@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# The accelerator checks, in one pass, on a GPU or a TPU: generation at real
+# sizes (Tunix's Sampler against the cached generate, with a floor), then the
+# rollout, attention, SFT-step and DiffusionGemma-sampler benchmarks, then
+# (given a finished `benchmarks/convert_code.py --out RUN`) the converted
+# models re-timed against their AR peer by `benchmarks/convert_speed.py`.
+#
+#   bash tools/accelerator_bench.sh [RUN [STAGES]]   # logs under $OUT (or accel_out)
+#   STEPS="generation sft_step" bash tools/accelerator_bench.sh   # some only
+#   GENERATION_ARGS="--batch 32 --schedules b4s1" bash tools/accelerator_bench.sh
+#
+# Each step has its own time limit, so one that fails or hangs still leaves
+# the others' figures (and `benchmarks/generation.py` prints each row as it
+# is measured). Run from the repository root with the package importable
+# (`pip install -e .`, PYTHONPATH, or on the lent TPU `source .tpu/env.sh`).
+set -u
+out=${OUT:-accel_out}
+run=${1:-}
+stages=${2:-sft,sft_kd_certainty}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+{
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,memory.total \
+      --format=csv 2>&1
+  fi
+  python3 -c "import jax, flax; print('jax', jax.__version__, 'flax',
+flax.__version__, jax.devices())"
+} 2>&1 | tee "$out/machine.txt"
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
+}
+all="generation rollout attention sft_step diffusion_gemma_sampler"
+steps=" ${STEPS:-$all} "
+for name in $all; do
+  [[ $steps == *" $name "* ]] || continue
+  if [[ $name == generation ]]; then
+    # shellcheck disable=SC2086  # GENERATION_ARGS is a list of flags
+    step generation "${GENERATION_LIMIT:-600}" python3 benchmarks/generation.py \
+      --model qwen3_0p6b --dtype bfloat16 \
+      ${GENERATION_ARGS:---batch 1,32,128} --json "$out/generation.json"
+  else
+    step "$name" 150 python3 "benchmarks/$name.py"
+  fi
+done
+if [[ -n $run ]]; then
+  step convert_speed 240 python3 benchmarks/convert_speed.py "$run" \
+    --stages "$stages" --batch 32,128 --repeats 5
+  cp "$run"/speed_*.json "$out/" 2>/dev/null
+fi
+for log in "$out"/*.log; do
+  echo "### $log"
+  grep -E '^\||^Tiny|^Held|^## ' "$log" || tail -5 "$log"
+done
