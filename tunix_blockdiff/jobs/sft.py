@@ -34,16 +34,7 @@ from tunix_blockdiff.runs import sft_data as sft_data_lib
 
 FIGURE_FILE = "sft.png"
 
-
-make_training_config = outputs.make_training_config
-
-
 ProgressLines = outputs.ProgressLines
-
-
-num_params = outputs.num_params
-_history = outputs.metric_history
-eval_loss = outputs.eval_loss
 
 
 def _data_config(cfg, tokenizer, vocab_size: int) -> data_lib.DataConfig:
@@ -152,7 +143,7 @@ def _run(cfg, mesh) -> dict[str, Any]:
   trainer = trainer_lib.BlockDiffusionTrainer(
       model,
       common.make_optimizer(cfg.training),
-      make_training_config(cfg, out),
+      outputs.make_training_config(cfg, out),
       diffusion,
   )
   outputs.show_progress(
@@ -177,7 +168,7 @@ def _run(cfg, mesh) -> dict[str, Any]:
   if eval_ds is None:
     # A dataset without `eval`: training only.
     return _finish(**report)
-  final_eval_loss = eval_loss(trainer, eval_ds)
+  final_eval_loss = outputs.eval_loss(trainer, eval_ds)
   # Generation runs on the LoRA-merged weights: the same function, without
   # qwix's interception inside the jitted denoising loop.
   eval_model = trainer.model
@@ -250,8 +241,8 @@ def _finish(
 ) -> dict[str, Any]:
   """Writes the summary and figure; generation metrics when evaluated."""
   evaluated = main_eval is not None
-  train_loss = _history(trainer, "loss", "train")
-  eval_history = _history(trainer, "loss", "eval")
+  train_loss = outputs.metric_history(trainer, "loss", "train")
+  eval_history = outputs.metric_history(trainer, "loss", "eval")
   eval_every = int(cfg.training.eval_every_n_steps)
   eval_steps = [start_step + i * eval_every for i in range(len(eval_history))]
   summary = {
@@ -267,8 +258,8 @@ def _finish(
       "threshold_sweep": list(sweep),
       "eval_examples": len(task_data.eval) if evaluated else 0,
       "train_examples": len(task_data.train),
-      "num_params": num_params(trainer.model),
-      "num_lora_params": num_params(trainer.model, nnx.LoRAParam),
+      "num_params": outputs.num_params(trainer.model),
+      "num_lora_params": outputs.num_params(trainer.model, nnx.LoRAParam),
       "train_seconds": train_seconds,
       "seconds": clock(),
       "sample_completions": [

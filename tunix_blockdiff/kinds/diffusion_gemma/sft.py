@@ -39,7 +39,6 @@ from tunix_blockdiff.kinds.diffusion_gemma import objective as dg_objective
 from tunix_blockdiff.kinds.diffusion_gemma import trainer as dg_trainer
 from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
-KINDS = kinds.get("diffusion_gemma").recipe_kinds
 _TINY_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads",
               "num_kv_heads", "head_dim", "global_num_kv_heads",
               "global_head_dim", "sliding_window", "canvas_length")
@@ -49,9 +48,8 @@ FIGURE_FILE = "sft.png"
 
 
 def is_recipe(cfg) -> bool:
-  """Whether a recipe's model is a DiffusionGemma."""
-  model = cfg.get("model")
-  return model is not None and model.get("kind") in KINDS
+  """Whether a recipe's model is a DiffusionGemma (by the kind registry)."""
+  return kinds.of_recipe(cfg).name == "diffusion_gemma"
 
 
 def is_hf_dir(path: str | pathlib.Path) -> bool:
