@@ -134,6 +134,16 @@ def test_window_call_gives_the_models_own_logits(family):
       jnp.ones((b, width, width), bool))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, prefix:]),
                              rtol=1e-5, atol=1e-5)
+  # `pick`: the logits of the picked slots only (here each row's own slot).
+  rows = jnp.array([1, 3])
+  picked, _, _ = wa.window_call(
+      model, tokens[:, prefix:], positions[:, prefix:], [(cache, valid)],
+      jnp.ones((b, width, width), bool),
+      pick=lambda x: jnp.take_along_axis(x, rows[:, None, None], axis=1))
+  assert picked.shape == (b, 1, VOCAB)
+  np.testing.assert_allclose(
+      np.asarray(picked[:, 0]),
+      np.asarray(want[jnp.arange(b), prefix + rows]), rtol=1e-5, atol=1e-5)
 
 
 class _NotTunix(nnx.Module):

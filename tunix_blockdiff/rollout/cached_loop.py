@@ -95,10 +95,14 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   vocab = models.model_vocab_size(model)
   transition.check_vocab(vocab, config)
 
-  def call(tokens, call_positions, parts, window_mask):
-    """(logits [B, Q, V], keys, values) of a window; the parts are read."""
+  def call(tokens, call_positions, parts, window_mask, pick):
+    """(logits [B, Q', V], keys, values) of a window; the parts are read.
+
+    `pick` selects the slots whose logits are needed (static slices here),
+    so the output head runs on those alone.
+    """
     return window_attention.window_call(
-        model, tokens, call_positions, parts, window_mask)
+        model, tokens, call_positions, parts, window_mask, pick)
 
   # Prefill the complete prompt blocks: slots [0, floor(len / W) * W).
   cache = window_attention.init_cache(
@@ -113,19 +117,26 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     keys_ok = q_slot[None, :] < written[:, None]
     mask = keys_ok[:, None, :] & (
         q_slot[None, None, :] // width <= q_slot[None, :, None] // width)
+    # Logits only of each row's last prefilled slot (shifted; else one
+    # unused slot): the whole prompt's would be [B, P, V] float32.
+    last = jnp.clip(written - 1, 0, prefill_len - 1)
     logits, keys, values = call(
-        tokens0[:, :prefill_len], positions[:, :prefill_len], [], mask)
+        tokens0[:, :prefill_len], positions[:, :prefill_len], [], mask,
+        lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1))
     cache = window_attention.write_rows(
         cache, window_attention.as_block(keys, values, prefill_len),
         jnp.zeros_like(written))
     if shifted:
-      last = jnp.clip(written - 1, 0, prefill_len - 1)
-      carry = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]
+      carry = logits[:, 0]
 
+  # Shifted: slot i of a block is predicted by the logit of slot i - 1, so a
+  # call needs the logits of the W slots before the active block's last
+  # (its first slot's comes from the carry, or from the finished block).
   def align(raw_logits, carry):
+    """Target-aligned [B, W, V] from the window's needed logits."""
     if config.alignment == "same_position":
       return raw_logits
-    return jnp.concatenate([carry[:, None], raw_logits[:, :-1]], axis=1)
+    return jnp.concatenate([carry[:, None], raw_logits], axis=1)
 
   def plain_call(state, block_start, window_valid, pending):
     """Active window only, against the cache and the fresh block."""
@@ -138,7 +149,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
          jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
     ]
     logits, _, _ = call(tokens, block_start[:, None] + offsets[None, :],
-                        parts, mask)
+                        parts, mask,
+                        (lambda x: x[:, :-1]) if shifted else None)
     return align(logits, state.carry), state
 
   def fused_call(state, block_start, window_valid, pending):
@@ -166,13 +178,17 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     sees_active = jnp.arange(2 * width) >= width
     mask = keys_ok[:, None, :] & (
         sees_active[None, :, None] | ~sees_active[None, None, :])
+    # The active half's logits; shifted: the W slots from the finished
+    # block's last (the active block's first target) on.
+    first = width - 1 if shifted else width
     logits, keys, values = call(
         tokens, call_positions, [(cache, slot < state.written[:, None])],
-        mask)
+        mask, lambda x: x[:, first:first + width])
     carry = state.carry
-    if config.alignment == "shifted":
-      carry = jnp.where(pending[:, None], logits[:, width - 1], carry)
-    return align(logits[:, width:], carry), state._replace(
+    if shifted:
+      carry = jnp.where(pending[:, None], logits[:, 0], carry)
+      logits = logits[:, 1:]
+    return align(logits, carry), state._replace(
         cache=cache,
         written=jnp.where(pending, state.written + width, state.written),
         fresh=window_attention.as_block(keys, values, width),
@@ -212,10 +228,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     )
 
     def merge(field, new):
-      old = kv_cache.row_slice(field, block_start, width)
-      return kv_cache.row_update(
-          field, jnp.where(commit, new, old), block_start
-      )
+      return kv_cache.row_merge(field, new, commit, block_start)
 
     return state._replace(
         step=state.step + 1,

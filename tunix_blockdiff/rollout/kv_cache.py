@@ -5,7 +5,7 @@ per layer, `{'k', 'v': [B, S, num_kv_heads, head_dim], 'end_index': int32
 [B]}`, and writes a call's keys and values at the shared index
 `end_index[0]`. `init_cache` builds it (with `model.init_cache` where the
 model has one); the cached driver keeps its own layout
-(`window_attention.Cache`). `row_slice`/`row_update` act on each row's own
+(`window_attention.Cache`). `row_slice`/`row_merge` act on each row's own
 slots, `check_model_for_cache` refuses what the cached driver cannot run
 exactly (a model whose attention it does not know, a sliding window shorter
 than what its calls span).
@@ -65,11 +65,26 @@ def row_slice(x: jax.Array, start: jax.Array, size: int) -> jax.Array:
   )(x, start)
 
 
-def row_update(x: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
-  """x with x[b, start[b] : start[b] + len] = update[b] for every row b."""
-  return jax.vmap(
-      lambda row, u, s: jax.lax.dynamic_update_slice_in_dim(row, u, s, axis=0)
-  )(x, update, start)
+def row_merge(x: jax.Array, update: jax.Array, keep: jax.Array,
+              start: jax.Array) -> jax.Array:
+  """x with x[b, start[b] + i] = update[b, i] where keep[b, i].
+
+  Written as selects over [B, S] (one per window slot) rather than one
+  `dynamic_update_slice` per row: XLA's TPU backend runs a vmapped update as
+  a loop over the rows, which costs more than the selects at any batch.
+
+  Args:
+    x: [B, S].
+    update: [B, W], W <= S.
+    keep: bool [B, W].
+    start: int32 [B], start + W <= S.
+  """
+  offset = (jnp.arange(x.shape[1], dtype=jnp.int32)[None, :]
+            - start.astype(jnp.int32)[:, None])
+  for i in range(update.shape[1]):
+    hit = (offset == i) & keep[:, i:i + 1]
+    x = jnp.where(hit, update[:, i:i + 1], x)
+  return x
 
 
 def check_model_for_cache(

@@ -142,6 +142,13 @@ def proposal_log_probs(
     logits: float [..., V] target-aligned logits.
     config: The denoising config.
   """
+  return jax.nn.log_softmax(_proposal_logits(logits, config), axis=-1)
+
+
+def _proposal_logits(
+    logits: jax.Array, config: config_lib.DenoiseConfig
+) -> jax.Array:
+  """The logits `proposal_log_probs` normalises: float32 [..., V]."""
   logits = logits.astype(jnp.float32)
   logits = logits.at[..., config.mask_token_id].set(-jnp.inf)
   if config.temperature > 0:
@@ -150,7 +157,7 @@ def proposal_log_probs(
       logits = _filter_top_k(logits, config.top_k)
     if config.top_p is not None:
       logits = _filter_top_p(logits, config.top_p)
-  return jax.nn.log_softmax(logits, axis=-1)
+  return logits
 
 
 def propose(
@@ -173,17 +180,23 @@ def propose(
     (proposal int32 [B, W], log_prob float32 [B, W]); the confidence of a
     proposal is `exp(log_prob)`. The mask token is never proposed.
   """
-  log_probs = proposal_log_probs(logits, config)
+  if config.temperature > 0 and noise is None:
+    raise ValueError("noise is required when config.temperature > 0")
+  # `proposal_log_probs`, written out (the same operations as
+  # `jax.nn.log_softmax`, so the values are the same to the bit) so that the
+  # [..., V] log-probabilities are never stored: XLA fuses them into the
+  # argmax, and the chosen one is computed from its logit alone. At a real
+  # vocabulary that saves writing and reading a float32 copy of the logits.
+  x = _proposal_logits(logits, config)
+  x_max = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+  shifted_logsumexp = jnp.log(
+      jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
+  scores = (x - x_max) - shifted_logsumexp
   if config.temperature > 0:
-    if noise is None:
-      raise ValueError("noise is required when config.temperature > 0")
-    scores = log_probs + noise
-  else:
-    scores = log_probs
+    scores = scores + noise
   proposal = jnp.argmax(scores, axis=-1).astype(jnp.int32)
-  log_prob = jnp.take_along_axis(log_probs, proposal[..., None], axis=-1)[
-      ..., 0
-  ]
+  chosen = jnp.take_along_axis(x, proposal[..., None], axis=-1)
+  log_prob = ((chosen - x_max) - shifted_logsumexp)[..., 0]
   return proposal, log_prob
 
 

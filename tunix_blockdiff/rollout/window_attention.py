@@ -257,7 +257,23 @@ def init_cache(model, batch: int, size: int, dtype) -> Cache:
   return Cache(zeros, zeros)
 
 
-def window_call(model, tokens, positions, parts, window_mask):
+class _Picked(nnx.Module):
+  """Stands in for the final norm: the norm, then only the slots picked.
+
+  Every supported family decodes `final_norm(x)` to logits, so picking here
+  computes the output head (a large share of a window call at a real
+  vocabulary) and its float32 logits only for the slots a step needs.
+  """
+
+  def __init__(self, inner, pick: Callable[[jax.Array], jax.Array]):
+    self.inner = inner
+    self.pick = pick
+
+  def __call__(self, x):
+    return self.pick(self.inner(x))
+
+
+def window_call(model, tokens, positions, parts, window_mask, pick=None):
   """The model on a window against cached keys, which it does not change.
 
   Args:
@@ -267,13 +283,18 @@ def window_call(model, tokens, positions, parts, window_mask):
     parts: `(Cache, valid bool [B, S])` pairs the window attends to, e.g.
       the driver's cache and a block not yet written to it.
     window_mask: bool [B, T, T] window slot q attends window slot k.
+    pick: None (logits of every slot), or a function from the final hidden
+      states [B, T, D] to the slots whose logits are wanted [B, T', D].
 
   Returns:
-    (logits float32 [B, T, V], keys [B, T, K, H] per layer, values likewise).
+    (logits float32 [B, T', V], keys [B, T, K, H] per layer, values
+    likewise).
   """
   view = modeling.fresh_view(model)
   for layer in view.layers:
     layer.attn = _WindowAttention(layer.attn, _family_of(layer.attn))
+  if pick is not None:
+    view.final_norm = _Picked(view.final_norm, pick)
   layer_caches = {
       f"layer_{i}": {"parts": [(c.k[i], c.v[i], valid) for c, valid in parts]}
       for i in range(len(view.layers))
