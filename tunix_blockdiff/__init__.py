@@ -21,6 +21,7 @@ from tunix_blockdiff.compat import DiffusionLogitsFn
 from tunix_blockdiff.compat import DiffusionTokenBatch
 from tunix_blockdiff.compat import LossOutput
 from tunix_blockdiff.compat import WeightedMetric
+from tunix_blockdiff.config import AttentionConfig
 from tunix_blockdiff.config import BlockDiffusionConfig
 from tunix_blockdiff.config import DenoiseConfig
 from tunix_blockdiff.models.logits import block_diffusion_logits
@@ -67,6 +68,7 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "BlockDiffusionBatchAdapter",
+    "AttentionConfig",
     "BlockDiffusionConfig",
     "BlockDiffusionLogitsFn",
     "BlockDiffusionRollout",

@@ -170,3 +170,66 @@ class DenoiseConfig:
     _check_int("pad_token_id", self.pad_token_id, 0)
     if self.eos_token_id is not None and self.eos_token_id == self.mask_token_id:
       raise ValueError("eos_token_id must differ from mask_token_id")
+
+
+ATTENTION_IMPLEMENTATIONS = ("auto", "dense", "splash")
+SPLASH_TILES = (512, 256, 128)
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionConfig:
+  """The attention of the training logits (recipe keys `model.attention*`).
+
+  Attributes:
+    implementation: `dense` (a mask; any Tunix causal LM), `splash` (the
+      Splash kernels: Tunix Qwen2/Qwen3, under a mesh; sequence lengths a
+      multiple of 128) or `auto` (Splash on a TPU where it can run, dense
+      otherwise).
+    tile: Splash query and key tile (a multiple of 128 that divides the
+      sequence); None: the largest of 512, 256, 128 that divides it on a
+      TPU, 128 elsewhere (Pallas interpret mode).
+    interpret: Pallas interpret mode; None: off TPU only.
+  """
+
+  implementation: str = "dense"
+  tile: int | None = None
+  interpret: bool | None = None
+
+  def __post_init__(self):
+    _check_choice("implementation", self.implementation,
+                  ATTENTION_IMPLEMENTATIONS)
+    _check_optional_int("tile", self.tile, 128)
+    if self.tile is not None and self.tile % 128:
+      raise ValueError(f"tile must be a multiple of 128, got {self.tile}")
+    if self.interpret is not None and not isinstance(self.interpret, bool):
+      raise TypeError(
+          f"interpret must be a bool or None, got {type(self.interpret).__name__}")
+
+  def tile_for(self, length: int, backend: str) -> int | None:
+    """The tile for rows of `length` slots, or None where none divides it."""
+    if self.tile is not None:
+      return self.tile if length % self.tile == 0 else None
+    sizes = SPLASH_TILES if backend == "tpu" else (128,)
+    return next((t for t in sizes if length % t == 0), None)
+
+  def uses_splash(self, length: int, backend: str, model_supports: bool) -> bool:
+    """Whether rows of `length` slots train with Splash.
+
+    Raises:
+      ValueError: `splash` where it cannot run (the model, or the length).
+    """
+    if self.implementation == "dense":
+      return False
+    runnable = model_supports and self.tile_for(length, backend) is not None
+    if self.implementation == "auto":
+      return backend == "tpu" and runnable
+    if not model_supports:
+      raise ValueError(
+          "attention 'splash' runs Tunix's Qwen2 and Qwen3 attention only;"
+          " use 'dense' (or 'auto') for this model")
+    if not runnable:
+      raise ValueError(
+          f"attention 'splash' needs the attended length ({length}; twice"
+          " seq_len for two_stream) to be a multiple of the tile"
+          f" ({self.tile or 128}); change seq_len or the tile, or use 'dense'")
+    return True

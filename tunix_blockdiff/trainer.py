@@ -22,6 +22,7 @@ from tunix.sft import peft_trainer
 from tunix_blockdiff import accumulation
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
+from tunix_blockdiff.models import flash
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.objective import loss as loss_lib
 
@@ -70,12 +71,17 @@ def diffusion_logits(
     positions: jax.Array,
     segment_ids: jax.Array,
     validity: jax.Array,
+    attention: config_lib.AttentionConfig | None = None,
 ) -> jax.Array:
   """Target-aligned training logits for the configured stream.
 
   `single` and `clean_prefix` run the corrupted canvas under the
   block-causal mask (`clean_prefix` differs only in its corruption); the
-  two-stream objective runs `[tokens | inputs]` (length 2L).
+  two-stream objective runs `[tokens | inputs]` (length 2L). With Splash
+  (`attention.uses_splash`), the same logits through the model's flash
+  branch: the lazy block-causal mask where the batch allows it, else masks
+  from positions; two-stream through a position-aware kernel. Splash needs
+  the legacy `with mesh:` context.
 
   Args:
     model: A Tunix causal LM.
@@ -85,6 +91,7 @@ def diffusion_logits(
     positions: int [B, L] logical positions.
     segment_ids: int [B, L] document ids.
     validity: bool [B, L] real slots.
+    attention: Dense (None) or `AttentionConfig`.
 
   Returns:
     float32 [B, L, V]: `out[:, i]` predicts the clean token of slot i.
@@ -95,7 +102,20 @@ def diffusion_logits(
       validity=validity,
       segment_ids=segment_ids,
   )
-  if config.stream == "two_stream":
+  two_stream = config.stream == "two_stream"
+  length = inputs.shape[1] * (2 if two_stream else 1)
+  backend = jax.default_backend()
+  if attention is not None and attention.uses_splash(
+      length, backend, flash.supports_splash(model)):
+    tile = attention.tile_for(length, backend)
+    tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
+    with flash.splash_branch(model, tile):
+      if two_stream:
+        return flash.two_stream_logits(
+            model, tokens, inputs, positions, **common, **tiles)
+      return flash.block_diffusion_logits(
+          model, inputs, positions, **common, **tiles)
+  if two_stream:
     return modeling.two_stream_logits(
         model, tokens, inputs, positions, **common
     )
@@ -104,18 +124,25 @@ def diffusion_logits(
 
 def make_diffusion_loss_fn(
     config: config_lib.BlockDiffusionConfig,
+    attention: config_lib.AttentionConfig | None = None,
 ) -> Callable[..., compat.LossOutput]:
   """`loss_fn(model, **diffusion_model_inputs(batch)) -> LossOutput`.
 
   The primary loss is `WeightedMetric(sum_i w_i CE_i, #targets)` over the
   batch (`objective.loss.diffusion_loss`), plus the certainty term when
   `config.certainty_weight > 0`; aux metrics are the target accuracy and
-  the target count (and `certainty` when that term is on).
+  the target count (and `certainty` when that term is on). `attention`
+  picks the logits' attention (`diffusion_logits`; None: dense).
   """
   if not isinstance(config, config_lib.BlockDiffusionConfig):
     raise TypeError(
         f"config must be a BlockDiffusionConfig, got {type(config).__name__}"
     )
+  if attention is not None and not isinstance(
+      attention, config_lib.AttentionConfig):
+    raise TypeError(
+        "attention must be an AttentionConfig or None, got"
+        f" {type(attention).__name__}")
 
   def diffusion_loss_fn(
       model,
@@ -135,6 +162,7 @@ def make_diffusion_loss_fn(
         positions=positions,
         segment_ids=segment_ids,
         validity=validity,
+        attention=attention,
     )
     return loss_lib.diffusion_loss(
         logits,
@@ -171,6 +199,7 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
       training_config: TrainingConfig,
       diffusion_config: config_lib.BlockDiffusionConfig,
       metrics_logger: peft_trainer.MetricsLogger | None = None,
+      attention: config_lib.AttentionConfig | None = None,
       **kwargs,
   ):
     """Builds the trainer and restores the latest checkpoint, if any.
@@ -183,6 +212,9 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
       training_config: Tunix's `TrainingConfig`.
       diffusion_config: The objective's `BlockDiffusionConfig`.
       metrics_logger: Optional Tunix `MetricsLogger`.
+      attention: The training logits' attention (None: dense masks);
+        Splash needs a Tunix Qwen2/Qwen3 model and the `with mesh:` context
+        when the step is traced.
       **kwargs: Passed to `PeftTrainer` (e.g. perf tracers).
     """
     if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
@@ -195,7 +227,8 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
         **kwargs
     )
     self.diffusion_config = diffusion_config
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
+    self.attention = attention
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config, attention)
     self.eval_loss_fn = self.loss_fn
     self.gen_model_input_fn = diffusion_model_inputs
 
@@ -207,7 +240,7 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
     """Trains a different objective (stream, alignment, weighting...)."""
     self.clear_jit_cache()
     self.diffusion_config = diffusion_config
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config)
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config, self.attention)
     self.eval_loss_fn = self.loss_fn
     self._has_aux = False
     return self

@@ -132,3 +132,33 @@ def test_context_parallel_refuses_a_gemma3_window_it_would_cut(tmp_path):
   with pytest.raises(errors.UsageError, match="sliding window"):
     sft.run(cfg)
   assert not (tmp_path / "summary.json").exists()
+
+
+def test_sft_trains_two_stream_with_splash_when_asked(tmp_path):
+  """`model.attention=splash` (Pallas interpret mode here): a two-stream
+  run at seq_len 64 (2L = 128, one tile) trains, and says so."""
+  out = tmp_path / "splash"
+  assert cli.main([
+      "sft", f"output_dir={out}", *TINY, "training.max_steps=2",
+      "training.gradient_accumulation_steps=1", "task.num_eval=4",
+      "eval.batch_size=4", "data.seq_len=64", "diffusion.stream=two_stream",
+      "model.attention=splash"]) == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["attention"] == "splash" and summary["train_steps"] == 2
+  assert math.isfinite(summary["final_train_loss"])
+
+
+def test_splash_where_it_cannot_run_is_refused_before_training(tmp_path):
+  from tunix_blockdiff import errors  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.jobs import sft  # pylint: disable=g-import-not-at-top
+
+  for overrides, match in (
+      (["model.attention=splash"], "multiple of the tile"),  # seq_len 32
+      (["model.attention=splash", "model.kind=tiny_llama3",
+        "data.seq_len=128"], "Qwen2 and Qwen3"),
+      (["model.attention=flash"], "model.attention: implementation"),
+  ):
+    cfg = common.load_recipe([f"output_dir={tmp_path}", *TINY, *overrides])
+    with pytest.raises(errors.UsageError, match=match):
+      sft.run(cfg)
+    assert not (tmp_path / "summary.json").exists()

@@ -318,3 +318,31 @@ def test_model_segment_ids():
   )
   np.testing.assert_array_equal(carrier[..., 0], static)
   np.testing.assert_array_equal(carrier[..., 1], positions)
+
+
+@pytest.mark.parametrize("alignment", ["same_position", "shifted"])
+def test_flash_two_stream_matches_dense(mesh, dense_model, flash_model,
+                                        alignment):
+  """`[x0 | xt]` through the position-aware kernel == the dense two-stream."""
+  half = L // 2  # 2L = 256: two 128-wide tiles
+  rng = np.random.default_rng(3)
+  clean = rng.integers(0, VOCAB, (2, half)).astype(np.int32)
+  noised = np.where(rng.random((2, half)) < 0.5, VOCAB - 1, clean)
+  positions, segments = _rows([40, 100])
+  positions, segments = positions[:, :half], segments[:, :half]
+  validity = np.ones((2, half), bool)
+  validity[0, -5:] = False
+  common = dict(block_size=BLOCK, alignment=alignment, validity=validity,
+                segment_ids=segments)
+  want = modeling.two_stream_logits(dense_model, clean, noised, positions,
+                                    **common)
+  with mesh:
+    got = jax.jit(lambda c, n: shim.two_stream_logits(
+        flash_model, c, n, positions, q_tile=128, kv_tile=128,
+        **common))(clean, noised)
+  _assert_close_at_valid(got, want, validity)
+
+
+def test_two_stream_kernel_needs_a_position_aware_mask():
+  with pytest.raises(ValueError, match="two_stream attention needs"):
+    shim.FlashBlockDiffusion(BLOCK, mask_mode="static", two_stream=True)

@@ -114,12 +114,14 @@ def run(cfg) -> dict[str, Any]:
 
 def run_block_diffusion(cfg) -> dict[str, Any]:
   """Block-diffusion SFT of a Tunix causal LM (the summary it writes)."""
-  mesh = common.build_mesh(cfg.get("mesh"))
+  attention = common.attention_config_from(cfg.model)
+  mesh = common.mesh_for_attention(common.build_mesh(cfg.get("mesh")),
+                                   attention)
   with common.mesh_scope(mesh):
-    return _run(cfg, mesh)
+    return _run(cfg, mesh, attention)
 
 
-def _run(cfg, mesh) -> dict[str, Any]:
+def _run(cfg, mesh, attention) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
@@ -127,6 +129,11 @@ def _run(cfg, mesh) -> dict[str, Any]:
   model = common.build_model(cfg.model, seed=int(cfg.seed), mesh=mesh)
   vocab_size = common.model_vocab_size(model)
   _check_cp_window(cfg, model)
+  # Splash or dense masks for the training logits (`model.attention`).
+  span = int(cfg.data.seq_len) * (2 if diffusion.stream == "two_stream" else 1)
+  attention = common.training_attention(attention, model, span)
+  print(f"training attention: {'splash' if attention else 'dense'}",
+        flush=True)
   # The built-in task, or the user's files when `dataset` is set.
   task_data = sft_data_lib.build_sft_data(
       cfg,
@@ -145,6 +152,7 @@ def _run(cfg, mesh) -> dict[str, Any]:
       common.make_optimizer(cfg.training),
       outputs.make_training_config(cfg, out),
       diffusion,
+      attention=attention,
   )
   outputs.show_progress(
       trainer,
@@ -248,6 +256,7 @@ def _finish(
   summary = {
       "recipe": common.to_dict(cfg),
       "train_steps": trainer.train_steps,
+      "attention": "splash" if trainer.attention else "dense",
       "final_train_loss": float(train_loss[-1]) if train_loss.size else None,
       # Per optimizer step of this run (from its start or resume step).
       "train_losses": train_loss.tolist(),

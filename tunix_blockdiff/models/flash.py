@@ -30,8 +30,9 @@ stacks (document, position) into an int32 [B, L, 2] array there.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Callable
+from typing import Callable, Iterator
 
 import jax
 from jax.interpreters import pxla
@@ -46,7 +47,7 @@ from tunix_blockdiff.models.flash_scope import enable_block_diffusion_attention
 from tunix_blockdiff.models.flash_scope import FlashBlockDiffusion
 from tunix_blockdiff.models.flash_scope import KERNELS  # pylint: disable=unused-import
 from tunix_blockdiff.models.flash_scope import PositionAwareKernel  # pylint: disable=unused-import
-from tunix_blockdiff.models.flash_scope import SUPPORTED_FLASH_MODULES  # pylint: disable=unused-import
+from tunix_blockdiff.models.flash_scope import SUPPORTED_FLASH_MODULES
 from tunix_blockdiff.models.flash_scope import uses_flash_attention
 from tunix_blockdiff.objective import alignment as alignment_lib
 
@@ -83,6 +84,37 @@ def model_segment_ids(
   if documents is None:
     documents = jnp.zeros(positions.shape, jnp.int32)
   return jnp.stack([documents, positions.astype(jnp.int32)], axis=-1)
+
+
+def supports_splash(model) -> bool:
+  """Whether `model` has a flash branch these kernels route (Qwen2/Qwen3)."""
+  return (type(model).__module__ in SUPPORTED_FLASH_MODULES
+          and hasattr(getattr(model, "config", None), "use_flash_attention"))
+
+
+@contextlib.contextmanager
+def splash_branch(model, tile: int) -> Iterator[None]:
+  """Forwards of `model` traced inside take its flash (Splash) branch.
+
+  Sets the shared `config.use_flash_attention` (and the flash block size)
+  for the duration only, so that the same model stays on its dense, masked
+  path everywhere else (decoding, scorers, export). The flag is read when a
+  forward is traced: trace inside the scope.
+
+  Raises:
+    ValueError: the model has no such branch (`supports_splash`).
+  """
+  if not supports_splash(model):
+    raise ValueError(
+        f"Splash attention runs Tunix's Qwen2 and Qwen3 attention, not"
+        f" {type(model).__name__} ({type(model).__module__})")
+  config = model.config
+  saved = (config.use_flash_attention, config.flash_attention_block_size)
+  config.use_flash_attention, config.flash_attention_block_size = True, tile
+  try:
+    yield
+  finally:
+    config.use_flash_attention, config.flash_attention_block_size = saved
 
 
 def _check_flash_mesh() -> None:
@@ -195,6 +227,70 @@ def block_diffusion_logits(
   return alignment_lib.align_logits(
       logits, alignment, positions, validity, segment_ids=segment_ids
   )
+
+
+def two_stream_logits(
+    model,
+    clean_tokens: jax.Array,
+    noised_tokens: jax.Array,
+    positions: jax.Array,
+    *,
+    block_size: int,
+    alignment: str = "same_position",
+    validity: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+    kernel: str = "splash",
+    q_tile: int | None = None,
+    kv_tile: int | None = None,
+    interpret: bool | None = None,
+    tokamax_implementation: str | None = None,
+) -> jax.Array:
+  """`modeling.two_stream_logits` on the model's own attention path.
+
+  Dense models: `modeling.two_stream_logits`. Flash models (Qwen2/3): the
+  model runs once on `[x0 | xt]` (length 2L) with the two-stream mask built
+  per example from (document, position) pairs (a position-aware kernel), so
+  each noised block sees the clean earlier blocks and itself.
+
+  Args:
+    model: Tunix causal LM.
+    clean_tokens: int [B, L] clean sequence x0.
+    noised_tokens: int [B, L] corrupted sequence xt.
+    positions: int [B, L] logical positions (shared by both streams).
+    block_size: Slots per block.
+    alignment: `same_position` or `shifted`.
+    validity: Optional bool [B, L].
+    segment_ids: Optional int [B, L].
+    kernel: `splash` or `tokamax` (flash path).
+    q_tile: Splash query tile override.
+    kv_tile: Splash key tile override.
+    interpret: Pallas interpret mode; default True off TPU.
+    tokamax_implementation: Tokamax implementation; default by backend.
+
+  Returns:
+    float32 [B, L, V]: `out[:, i]` predicts the clean token of xt slot i.
+  """
+  common = dict(block_size=block_size, alignment=alignment,
+                validity=validity, segment_ids=segment_ids)
+  if not uses_flash_attention(model):
+    return modeling.two_stream_logits(
+        model, clean_tokens, noised_tokens, positions, **common)
+  options = FlashBlockDiffusion(
+      block_size, kernel=kernel, mask_mode="dynamic", q_tile=q_tile,
+      kv_tile=kv_tile, interpret=interpret,
+      tokamax_implementation=tokamax_implementation, two_stream=True)
+  _check_flash_mesh()
+  positions = jnp.asarray(positions, jnp.int32)
+  twice = lambda x: None if x is None else jnp.concatenate([x, x], axis=1)
+  carrier = model_segment_ids(
+      twice(positions), segment_ids=twice(segment_ids),
+      validity=twice(validity), position_aware=True)
+  tokens = jnp.concatenate([clean_tokens, noised_tokens], axis=1)
+  with enable_block_diffusion_attention(model, **dataclasses.asdict(options)):
+    logits = modeling.call_model(
+        model, tokens, twice(positions), None, segment_ids=carrier)
+  source = modeling.two_stream_source_index(positions, **common)
+  return jnp.take_along_axis(logits, source[:, :, None], axis=1)
 
 
 def make_logits_fn(

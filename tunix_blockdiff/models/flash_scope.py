@@ -46,6 +46,9 @@ class FlashBlockDiffusion:
     kv_tile: Splash key tile (multiple of 128); default likewise.
     interpret: Pallas interpret mode; default True off TPU.
     tokamax_implementation: Tokamax implementation; default by backend.
+    two_stream: The rows are `[x0 | xt]` (length 2L, both halves at the
+      same positions) under the two-stream mask (`masks.two_stream_mask`);
+      position-aware masks only, logical order only.
   """
 
   block_size: int
@@ -56,6 +59,7 @@ class FlashBlockDiffusion:
   kv_tile: int | None = None
   interpret: bool | None = None
   tokamax_implementation: str | None = None
+  two_stream: bool = False
 
   def __post_init__(self):
     masks.check_block_size(self.block_size)
@@ -77,6 +81,11 @@ class FlashBlockDiffusion:
       splash.block_sizes(self.q_tile or 128, self.kv_tile or 128)
     if self.kernel == "tokamax":
       tokamax_path.resolve_implementation(self.tokamax_implementation)
+    if self.two_stream and (self.cp_size != 1 or not self.position_aware):
+      raise ValueError(
+          "two_stream attention needs cp_size=1 and a position-aware mask"
+          f" (mask_mode='dynamic' or kernel='tokamax'), got cp_size="
+          f"{self.cp_size}, mask_mode={self.mask_mode!r}")
 
   @property
   def position_aware(self) -> bool:
@@ -128,6 +137,27 @@ class PositionAwareKernel:
     del children
     return cls(*aux)
 
+  def mask(self, carrier_q, carrier_kv) -> jax.Array:
+    """bool [Q, L] from (document, position) pairs of queries and keys."""
+    block = self.options.block_size
+    same_doc = carrier_q[:, None, 0] == carrier_kv[None, :, 0]
+    q_block = carrier_q[:, None, 1] // block
+    k_block = carrier_kv[None, :, 1] // block
+    if not self.options.two_stream:
+      return same_doc & (q_block >= k_block)
+    length = carrier_kv.shape[0]
+    if carrier_q.shape[0] != length or length % 2:
+      raise ValueError(
+          "two_stream attention needs the whole [x0 | xt] row as queries"
+          f" and keys (even length), got Q={carrier_q.shape[0]}, L={length}")
+    noised = jnp.arange(length) >= length // 2
+    q_noised, k_noised = noised[:, None], noised[None, :]
+    # x0 -> x0 block-causal; xt -> x0 strictly earlier blocks; xt -> xt the
+    # same block; x0 -> xt never (`masks.two_stream_mask`).
+    clean_query = ~k_noised & (k_block <= q_block)
+    noised_query = jnp.where(k_noised, k_block == q_block, k_block < q_block)
+    return same_doc & jnp.where(q_noised, noised_query, clean_query)
+
   def __call__(self, query, key, value, segment_ids=None):
     carrier_q = None if segment_ids is None else segment_ids.q
     carrier_kv = None if segment_ids is None else segment_ids.kv
@@ -144,10 +174,7 @@ class PositionAwareKernel:
             "logits, or pass segment_ids=shim.model_segment_ids(...,"
             " position_aware=True)."
         )
-    block = self.options.block_size
-    mask = (carrier_q[:, None, 0] == carrier_kv[None, :, 0]) & (
-        carrier_q[:, None, 1] // block >= carrier_kv[None, :, 1] // block
-    )
+    mask = self.mask(carrier_q, carrier_kv)
     if self.options.kernel == "tokamax":
       out = tokamax_path.tokamax_attention(
           jnp.swapaxes(query, 0, 1),
@@ -285,6 +312,7 @@ def enable_block_diffusion_attention(
     kv_tile: int | None = None,
     interpret: bool | None = None,
     tokamax_implementation: str | None = None,
+    two_stream: bool = False,
 ) -> Iterator[FlashBlockDiffusion]:
   """Flash forwards of `model` traced inside use block-diffusion attention.
 
@@ -307,6 +335,8 @@ def enable_block_diffusion_attention(
     kv_tile: Splash key tile override (multiple of 128).
     interpret: Pallas interpret mode; default True off TPU.
     tokamax_implementation: Tokamax implementation; default by backend.
+    two_stream: Rows are `[x0 | xt]` under the two-stream mask (dynamic
+      masks only).
 
   Yields:
     The validated `FlashBlockDiffusion` options.
@@ -325,6 +355,7 @@ def enable_block_diffusion_attention(
       kv_tile=kv_tile,
       interpret=interpret,
       tokamax_implementation=tokamax_implementation,
+      two_stream=two_stream,
   )
   module = _flash_module(model)
   if module is not None:

@@ -35,6 +35,9 @@ from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.runs.evaluation import GenerationEval
 from tunix_blockdiff.runs.evaluation import evaluate_generation
 from tunix_blockdiff.runs.model_setup import apply_lora
+from tunix_blockdiff.runs.model_setup import attention_config_from
+from tunix_blockdiff.runs.model_setup import mesh_for_attention
+from tunix_blockdiff.runs.model_setup import training_attention
 from tunix_blockdiff.runs.model_setup import build_model
 from tunix_blockdiff.runs.model_setup import check_model_fits_mesh
 from tunix_blockdiff.runs.model_setup import lora_enabled
@@ -311,6 +314,9 @@ __all__ = [
     "Stopwatch",
     "TaskData",
     "apply_lora",
+    "attention_config_from",
+    "mesh_for_attention",
+    "training_attention",
     "build_mesh",
     "build_model",
     "build_task_data",

@@ -14,8 +14,12 @@ from flax import nnx
 import jax
 import jax.numpy as jnp
 
+from tunix_blockdiff import config as config_lib
+from tunix_blockdiff import distributed
+from tunix_blockdiff import errors
 from tunix_blockdiff import layouts
 from tunix_blockdiff import models as models_lib
+from tunix_blockdiff.models import flash
 
 
 check_model_fits_mesh = layouts.check_fits_mesh
@@ -150,3 +154,50 @@ __all__ = [
     "shard_model",
     "traced_lora",
 ]
+
+
+def attention_config_from(model_cfg) -> config_lib.AttentionConfig:
+  """`model.attention` (`auto|dense|splash`, default dense) and its tile.
+
+  Raises:
+    UsageError: a bad value, named by its recipe key.
+  """
+  try:
+    return config_lib.AttentionConfig(
+        str(model_cfg.get("attention", "dense")),
+        tile=model_cfg.get("attention_tile"))
+  except (TypeError, ValueError) as e:
+    raise errors.UsageError(f"model.attention: {e}") from None
+
+
+def mesh_for_attention(mesh, attention: config_lib.AttentionConfig):
+  """The job's mesh; a one-device mesh where Splash may run without one.
+
+  Tunix's flash branch reads the legacy `with mesh:` context, so a job that
+  may train with Splash (`splash`, or `auto` on a TPU) gets one.
+  """
+  may_splash = attention.implementation == "splash" or (
+      attention.implementation == "auto" and jax.default_backend() == "tpu")
+  if mesh is None and may_splash:
+    return distributed.build_mesh({"fsdp": 1})
+  return mesh
+
+
+def training_attention(attention: config_lib.AttentionConfig, model,
+                       length: int) -> config_lib.AttentionConfig | None:
+  """The trainer's `attention`: the config where it runs Splash, else None.
+
+  Args:
+    attention: The recipe's choice.
+    model: The model to train.
+    length: Slots the attention spans (twice `seq_len` for two_stream).
+
+  Raises:
+    UsageError: `splash` where it cannot run, in one line.
+  """
+  try:
+    splash = attention.uses_splash(length, jax.default_backend(),
+                                   flash.supports_splash(model))
+  except ValueError as e:
+    raise errors.UsageError(f"model.attention: {e}") from None
+  return attention if splash else None
