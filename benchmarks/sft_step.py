@@ -23,19 +23,32 @@ MLP, and with dense attention four times the attention (Splash on TPU skips
 the fully masked tiles), so its FLOP ratio is 2x plus the attention share:
 about 2.1x at the default shapes, 2.3x at L=1024 with width 512.
 
+With `--attention splash` every program runs its attention through Splash
+(the causal step through Tunix's own causal flash path on a TPU, dense
+elsewhere; the block-diffusion steps through `model.attention: splash`, in
+Pallas interpret mode off a TPU), under a one-device mesh; with
+`--model qwen3_0p6b --dtype bfloat16` the model is Tunix's Qwen3-0.6B
+architecture (random weights). The table then also gives tokens/s and MFU
+(XLA's FLOP count over the best time and `--peak-tflops`, 197 for a v5e).
+
     python benchmarks/sft_step.py                 # the README table
     python benchmarks/sft_step.py --rounds 3      # quick
+    python benchmarks/sft_step.py --model qwen3_0p6b --dtype bfloat16 \
+        --attention splash --length 2048 --batch 4 --rounds 3   # a TPU
     tunix-blockdiff bench sft_step [flags]        # the same, via the CLI
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 
 from flax import nnx
 import jax
+from jax.sharding import AxisType
+import jax.numpy as jnp
 import numpy as np
 import optax
 from tunix.models.qwen3 import model as qwen3_lib
@@ -49,17 +62,39 @@ from tunix_blockdiff import trainer as trainer_lib
 STREAMS = ("single", "clean_prefix", "two_stream")
 
 
-def make_model(args) -> qwen3_lib.Qwen3:
-  config = tiny_models.qwen3_config(
-      args.vocab,
-      num_layers=args.layers,
-      embed_dim=args.width,
-      hidden_dim=4 * args.width,
-      num_heads=args.heads,
-      head_dim=args.width // args.heads,
-      num_kv_heads=max(1, args.heads // 2),
-  )
+def make_model(args, flash: bool = False) -> qwen3_lib.Qwen3:
+  """The model (`--model`); `flash`: Tunix's own (causal) flash branch."""
+  if args.model == "qwen3_0p6b":
+    config = qwen3_lib.ModelConfig.qwen3_0p6b()
+    config = dataclasses.replace(config, vocab_size=args.vocab) if (
+        args.vocab != config.vocab_size) else config
+  else:
+    config = tiny_models.qwen3_config(
+        args.vocab,
+        num_layers=args.layers,
+        embed_dim=args.width,
+        hidden_dim=4 * args.width,
+        num_heads=args.heads,
+        head_dim=args.width // args.heads,
+        num_kv_heads=max(1, args.heads // 2),
+    )
+  dtype = jnp.dtype(args.dtype)
+  tile = args.tile or 128
+  config = dataclasses.replace(
+      config, dtype=dtype, param_dtype=dtype, use_flash_attention=flash,
+      flash_attention_block_size=tile)
   return qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0))
+
+
+def causal_flash(args) -> bool:
+  """Tunix's causal flash branch: a TPU only (it has no interpret mode)."""
+  return args.attention == "splash" and jax.default_backend() == "tpu"
+
+
+def attention_config(args) -> config_lib.AttentionConfig | None:
+  if args.attention == "dense":
+    return None
+  return config_lib.AttentionConfig("splash", tile=args.tile)
 
 
 def make_examples(args) -> list[data_lib.Example]:
@@ -97,7 +132,7 @@ def causal_step(args, examples):
       ),
   }
   trainer = peft_trainer.PeftTrainer(
-      make_model(args),
+      make_model(args, flash=causal_flash(args)),
       optax.adamw(1e-4),
       peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
   )
@@ -128,6 +163,7 @@ def diffusion_step(args, examples, stream):
       optax.adamw(1e-4),
       peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
       dcfg,
+      attention=attention_config(args),
   )
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
   return step, batch
@@ -149,11 +185,12 @@ def causal_loss(model, batch):
   return peft_trainer._default_loss_fn(model, **batch)  # pylint: disable=protected-access
 
 
-def diffusion_loss_for(stream, block):
+def diffusion_loss_for(stream, block, attention=None):
   loss_fn = trainer_lib.make_diffusion_loss_fn(
       config_lib.BlockDiffusionConfig(
           block_size=block, mask_token_id=3, stream=stream
-      )
+      ),
+      attention,
   )
   return lambda model, batch: loss_fn(
       model, **trainer_lib.diffusion_model_inputs(batch)
@@ -166,8 +203,15 @@ def run_once(step, batch) -> float:
   return time.perf_counter() - start
 
 
-def main() -> None:
+def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--model", default="tiny", choices=("tiny", "qwen3_0p6b"))
+  parser.add_argument("--dtype", default="float32")
+  parser.add_argument("--attention", default="dense",
+                      choices=("dense", "splash"))
+  parser.add_argument("--tile", type=int, default=None,
+                      help="Splash tile (default: from the length)")
+  parser.add_argument("--streams", default=",".join(STREAMS))
   parser.add_argument("--batch", type=int, default=4)
   parser.add_argument("--length", type=int, default=256)
   parser.add_argument("--block", type=int, default=16)
@@ -176,20 +220,41 @@ def main() -> None:
   parser.add_argument("--heads", type=int, default=8)
   parser.add_argument("--vocab", type=int, default=8192)
   parser.add_argument("--rounds", type=int, default=10)
-  args = parser.parse_args()
+  parser.add_argument("--peak-tflops", type=float, default=197.0)
+  args = parser.parse_args(argv)
+  streams = args.streams.split(",")
+  for stream in streams:
+    if stream not in STREAMS:
+      parser.error(f"--streams: {stream!r} is not one of {STREAMS}")
+  if args.attention == "splash" and args.tile is None:
+    args.tile = config_lib.AttentionConfig("splash").tile_for(
+        args.length, jax.default_backend())
+    if args.tile is None:
+      parser.error("--attention splash needs --length a multiple of 128")
+  mesh = jax.make_mesh((1, 1, 1), ("fsdp", "sp", "tp"),
+                       axis_types=(AxisType.Auto,) * 3)
+  with mesh:  # Tunix's flash branch reads the legacy mesh context
+    return _measure(args, streams)
 
+
+def _measure(args, streams) -> int:
   examples = make_examples(args)
   model = make_model(args)
   causal = "causal LM (Tunix PeftTrainer)"
   programs = {causal: causal_step(args, examples)}
-  gflops = {causal: loss_gflops(causal_loss, model, programs[causal][1])}
-  for stream in STREAMS:
+  gflops = {causal: loss_gflops(causal_loss, make_model(
+      args, flash=causal_flash(args)), programs[causal][1])}
+  for stream in streams:
     name = f"block diffusion, {stream}"
     programs[name] = diffusion_step(args, examples, stream)
     gflops[name] = loss_gflops(
-        diffusion_loss_for(stream, args.block), model, programs[name][1]
-    )
+        diffusion_loss_for(stream, args.block, attention_config(args)),
+        model, programs[name][1])
   compile_seconds = {name: run_once(*p) for name, p in programs.items()}
+  for program in programs.values():
+    # Under the mesh the first step's outputs (the new state) come back
+    # placed on it, which retraces the step once more: warm that up too.
+    run_once(*program)
   times = {name: [] for name in programs}
   for _ in range(args.rounds):
     for name, program in programs.items():
@@ -197,23 +262,32 @@ def main() -> None:
 
   best = {name: min(values) for name, values in times.items()}
   median = {name: statistics.median(values) for name, values in times.items()}
+  tokens = args.batch * args.length
   print(
-      f"Qwen3 {args.layers} layers, width {args.width}, vocab {args.vocab};"
-      f" batch {args.batch} x {args.length} tokens, block {args.block};"
-      f" {jax.devices()[0].platform}, {args.rounds} interleaved rounds\n"
+      f"Qwen3 ({args.model}) {args.dtype}, vocab {args.vocab}; batch"
+      f" {args.batch} x {args.length} tokens, block {args.block}; attention"
+      f" {args.attention}{f' (tile {args.tile})' if args.tile else ''}"
+      f"{'' if causal_flash(args) or args.attention == 'dense' else ', the causal step dense (Tunix flash: TPU only)'};"
+      f" {jax.devices()[0].platform}, {args.rounds} interleaved rounds;"
+      f" MFU at {args.peak_tflops:g} TFLOP/s\n"
   )
   print(
       "| step | best s / step | vs causal (best) | vs causal (median) |"
-      " FLOPs vs causal | first call (compile) s |"
+      " FLOPs vs causal | tokens/s | MFU | first call (compile) s |"
   )
-  print("|---|---|---|---|---|---|")
+  print("|---|---|---|---|---|---|---|---|")
   for name in programs:
+    # The optimizer update's FLOPs are left out (small next to the pass).
+    mfu = gflops[name] * 1e9 / best[name] / (args.peak_tflops * 1e12)
     print(
         f"| {name} | {best[name]:.3f} | {best[name] / best[causal]:.2f}x |"
         f" {median[name] / median[causal]:.2f}x |"
-        f" {gflops[name] / gflops[causal]:.2f}x | {compile_seconds[name]:.1f} |"
+        f" {gflops[name] / gflops[causal]:.2f}x |"
+        f" {tokens / best[name]:,.0f} | {100 * mfu:.1f}% |"
+        f" {compile_seconds[name]:.1f} |"
     )
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  raise SystemExit(main())
