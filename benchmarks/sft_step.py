@@ -208,7 +208,8 @@ def main(argv=None) -> int:
   parser.add_argument("--model", default="tiny", choices=("tiny", "qwen3_0p6b"))
   parser.add_argument("--dtype", default="float32")
   parser.add_argument("--attention", default="dense",
-                      choices=("dense", "splash"))
+                      choices=("dense", "splash", "auto"),
+                      help="auto: splash on a TPU, dense elsewhere")
   parser.add_argument("--tile", type=int, default=None,
                       help="Splash tile (default: from the length)")
   parser.add_argument("--streams", default=",".join(STREAMS))
@@ -222,6 +223,8 @@ def main(argv=None) -> int:
   parser.add_argument("--rounds", type=int, default=10)
   parser.add_argument("--peak-tflops", type=float, default=197.0)
   args = parser.parse_args(argv)
+  if args.attention == "auto":
+    args.attention = "splash" if jax.default_backend() == "tpu" else "dense"
   streams = args.streams.split(",")
   for stream in streams:
     if stream not in STREAMS:

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator checks, in one pass, on a GPU or a TPU: generation at real
-# sizes (Tunix's Sampler against the cached generate, with a floor), then the
+# sizes (Tunix's Sampler against the cached generate, with a floor), its
+# per-op profile at batch 128, the SFT step at a real size (Splash on a
+# TPU; SFT_STEP_ARGS overrides its shape), then the
 # rollout, attention, SFT-step and DiffusionGemma-sampler benchmarks, then
 # (given a finished `benchmarks/convert_code.py --out RUN`) the converted
 # models re-timed against their AR peer by `benchmarks/convert_speed.py`.
@@ -34,7 +36,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation rollout attention sft_step diffusion_gemma_sampler"
+all="generation profile_generation sft_step_real rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -43,6 +45,15 @@ for name in $all; do
     step generation "${GENERATION_LIMIT:-600}" python3 benchmarks/generation.py \
       --model qwen3_0p6b --dtype bfloat16 \
       ${GENERATION_ARGS:---batch 1,32,128} --json "$out/generation.json"
+  elif [[ $name == profile_generation ]]; then
+    step profile_generation 240 python3 benchmarks/profile_generation.py \
+      --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedule b4s1 \
+      --json "$out/profile_generation.json"
+  elif [[ $name == sft_step_real ]]; then
+    # shellcheck disable=SC2086  # SFT_STEP_ARGS is a list of flags
+    step sft_step_real 600 python3 benchmarks/sft_step.py \
+      --model qwen3_0p6b --dtype bfloat16 --attention auto \
+      ${SFT_STEP_ARGS:---length 2048 --batch 4 --rounds 3}
   else
     step "$name" 150 python3 "benchmarks/$name.py"
   fi
