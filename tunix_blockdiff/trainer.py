@@ -24,6 +24,7 @@ from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import flash
 from tunix_blockdiff.models import logits as modeling
+from tunix_blockdiff.models import remat as remat_lib
 from tunix_blockdiff.objective import loss as loss_lib
 
 TrainingConfig = peft_trainer.TrainingConfig
@@ -125,6 +126,7 @@ def diffusion_logits(
 def make_diffusion_loss_fn(
     config: config_lib.BlockDiffusionConfig,
     attention: config_lib.AttentionConfig | None = None,
+    remat: str = "none",
 ) -> Callable[..., compat.LossOutput]:
   """`loss_fn(model, **diffusion_model_inputs(batch)) -> LossOutput`.
 
@@ -132,7 +134,9 @@ def make_diffusion_loss_fn(
   batch (`objective.loss.diffusion_loss`), plus the certainty term when
   `config.certainty_weight > 0`; aux metrics are the target accuracy and
   the target count (and `certainty` when that term is on). `attention`
-  picks the logits' attention (`diffusion_logits`; None: dense).
+  picks the logits' attention (`diffusion_logits`; None: dense); `remat`
+  (`none`, `block`, `decoder`) rematerialises the model's layers in the
+  backward pass (`models.remat`).
   """
   if not isinstance(config, config_lib.BlockDiffusionConfig):
     raise TypeError(
@@ -143,6 +147,7 @@ def make_diffusion_loss_fn(
     raise TypeError(
         "attention must be an AttentionConfig or None, got"
         f" {type(attention).__name__}")
+  remat_lib.check_policy(remat)
 
   def diffusion_loss_fn(
       model,
@@ -154,16 +159,17 @@ def make_diffusion_loss_fn(
       validity,
       loss_weights,
   ) -> compat.LossOutput:
-    logits = diffusion_logits(
-        model,
-        config,
-        inputs=inputs,
-        tokens=tokens,
-        positions=positions,
-        segment_ids=segment_ids,
-        validity=validity,
-        attention=attention,
-    )
+    with remat_lib.remat_scope(model, remat):
+      logits = diffusion_logits(
+          model,
+          config,
+          inputs=inputs,
+          tokens=tokens,
+          positions=positions,
+          segment_ids=segment_ids,
+          validity=validity,
+          attention=attention,
+      )
     return loss_lib.diffusion_loss(
         logits,
         targets,
@@ -200,6 +206,7 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
       diffusion_config: config_lib.BlockDiffusionConfig,
       metrics_logger: peft_trainer.MetricsLogger | None = None,
       attention: config_lib.AttentionConfig | None = None,
+      remat: str = "none",
       **kwargs,
   ):
     """Builds the trainer and restores the latest checkpoint, if any.
@@ -215,6 +222,8 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
       attention: The training logits' attention (None: dense masks);
         Splash needs a Tunix Qwen2/Qwen3 model and the `with mesh:` context
         when the step is traced.
+      remat: `none`, `block` or `decoder`: the layers' rematerialisation
+        while the loss is traced (`models.remat`).
       **kwargs: Passed to `PeftTrainer` (e.g. perf tracers).
     """
     if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
@@ -222,13 +231,15 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
           "diffusion_config must be a BlockDiffusionConfig, got"
           f" {type(diffusion_config).__name__}"
       )
+    remat_lib.check_policy(remat)
     super().__init__(
         model, optimizer, training_config, metrics_logger=metrics_logger,
         **kwargs
     )
     self.diffusion_config = diffusion_config
     self.attention = attention
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config, attention)
+    self.remat = remat
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config, attention, remat)
     self.eval_loss_fn = self.loss_fn
     self.gen_model_input_fn = diffusion_model_inputs
 
@@ -240,7 +251,8 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
     """Trains a different objective (stream, alignment, weighting...)."""
     self.clear_jit_cache()
     self.diffusion_config = diffusion_config
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config, self.attention)
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config, self.attention,
+                                          self.remat)
     self.eval_loss_fn = self.loss_fn
     self._has_aux = False
     return self

@@ -135,16 +135,18 @@ def test_context_parallel_refuses_a_gemma3_window_it_would_cut(tmp_path):
 
 
 def test_sft_trains_two_stream_with_splash_when_asked(tmp_path):
-  """`model.attention=splash` (Pallas interpret mode here): a two-stream
-  run at seq_len 64 (2L = 128, one tile) trains, and says so."""
+  """`model.attention=splash` (Pallas interpret mode here) with
+  `model.remat=decoder`: a two-stream run at seq_len 64 (2L = 128, one tile)
+  trains, and says so."""
   out = tmp_path / "splash"
   assert cli.main([
       "sft", f"output_dir={out}", *TINY, "training.max_steps=2",
       "training.gradient_accumulation_steps=1", "task.num_eval=4",
       "eval.batch_size=4", "data.seq_len=64", "diffusion.stream=two_stream",
-      "model.attention=splash"]) == 0
+      "model.attention=splash", "model.remat=decoder"]) == 0
   summary = json.loads((out / "summary.json").read_text())
   assert summary["attention"] == "splash" and summary["train_steps"] == 2
+  assert summary["recipe"]["model"]["remat"] == "decoder"
   assert math.isfinite(summary["final_train_loss"])
 
 
@@ -157,6 +159,7 @@ def test_splash_where_it_cannot_run_is_refused_before_training(tmp_path):
       (["model.attention=splash", "model.kind=tiny_llama3",
         "data.seq_len=128"], "Qwen2 and Qwen3"),
       (["model.attention=flash"], "model.attention: implementation"),
+      (["model.remat=everything"], "model.remat must be one of"),
   ):
     cfg = common.load_recipe([f"output_dir={tmp_path}", *TINY, *overrides])
     with pytest.raises(errors.UsageError, match=match):

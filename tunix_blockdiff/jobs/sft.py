@@ -115,13 +115,14 @@ def run(cfg) -> dict[str, Any]:
 def run_block_diffusion(cfg) -> dict[str, Any]:
   """Block-diffusion SFT of a Tunix causal LM (the summary it writes)."""
   attention = common.attention_config_from(cfg.model)
+  remat = common.remat_policy_from(cfg.model)
   mesh = common.mesh_for_attention(common.build_mesh(cfg.get("mesh")),
                                    attention)
   with common.mesh_scope(mesh):
-    return _run(cfg, mesh, attention)
+    return _run(cfg, mesh, attention, remat)
 
 
-def _run(cfg, mesh, attention) -> dict[str, Any]:
+def _run(cfg, mesh, attention, remat) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
@@ -153,6 +154,7 @@ def _run(cfg, mesh, attention) -> dict[str, Any]:
       outputs.make_training_config(cfg, out),
       diffusion,
       attention=attention,
+      remat=remat,
   )
   outputs.show_progress(
       trainer,

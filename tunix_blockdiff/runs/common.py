@@ -37,6 +37,7 @@ from tunix_blockdiff.runs.evaluation import evaluate_generation
 from tunix_blockdiff.runs.model_setup import apply_lora
 from tunix_blockdiff.runs.model_setup import attention_config_from
 from tunix_blockdiff.runs.model_setup import mesh_for_attention
+from tunix_blockdiff.runs.model_setup import remat_policy_from
 from tunix_blockdiff.runs.model_setup import training_attention
 from tunix_blockdiff.runs.model_setup import build_model
 from tunix_blockdiff.runs.model_setup import check_model_fits_mesh
@@ -316,6 +317,7 @@ __all__ = [
     "apply_lora",
     "attention_config_from",
     "mesh_for_attention",
+    "remat_policy_from",
     "training_attention",
     "build_mesh",
     "build_model",

@@ -20,6 +20,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import layouts
 from tunix_blockdiff import models as models_lib
 from tunix_blockdiff.models import flash
+from tunix_blockdiff.models import remat as remat_lib
 
 
 check_model_fits_mesh = layouts.check_fits_mesh
@@ -201,3 +202,16 @@ def training_attention(attention: config_lib.AttentionConfig, model,
   except ValueError as e:
     raise errors.UsageError(f"model.attention: {e}") from None
   return attention if splash else None
+
+
+def remat_policy_from(model_cfg) -> str:
+  """`model.remat` (`none|block|decoder`, default none), checked.
+
+  Raises:
+    UsageError: an unknown policy, named by its recipe key.
+  """
+  policy = str(model_cfg.get("remat", "none"))
+  try:
+    return remat_lib.check_policy(policy)
+  except ValueError as e:
+    raise errors.UsageError(f"model.{e}") from None
