@@ -23,7 +23,6 @@ from tunix_blockdiff import accumulation
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import flash
-from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import remat as remat_lib
 from tunix_blockdiff.objective import loss as loss_lib
 
@@ -97,30 +96,17 @@ def diffusion_logits(
   Returns:
     float32 [B, L, V]: `out[:, i]` predicts the clean token of slot i.
   """
-  common = dict(
+  return flash.chosen_logits(
+      model,
+      inputs,
+      positions,
+      attention=attention,
+      clean_tokens=tokens if config.stream == "two_stream" else None,
       block_size=config.block_size,
       alignment=config.alignment,
       validity=validity,
       segment_ids=segment_ids,
   )
-  two_stream = config.stream == "two_stream"
-  length = inputs.shape[1] * (2 if two_stream else 1)
-  backend = jax.default_backend()
-  if attention is not None and attention.uses_splash(
-      length, backend, flash.supports_splash(model)):
-    tile = attention.tile_for(length, backend)
-    tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
-    with flash.splash_branch(model, tile):
-      if two_stream:
-        return flash.two_stream_logits(
-            model, tokens, inputs, positions, **common, **tiles)
-      return flash.block_diffusion_logits(
-          model, inputs, positions, **common, **tiles)
-  if two_stream:
-    return modeling.two_stream_logits(
-        model, tokens, inputs, positions, **common
-    )
-  return modeling.block_diffusion_logits(model, inputs, positions, **common)
 
 
 def make_diffusion_loss_fn(

@@ -223,3 +223,36 @@ def test_too_small_step_bound_raises():
   )
   with pytest.raises(ValueError, match="max_steps_per_block"):
     logits_fn(_model(), batch.model_inputs)
+
+
+def test_rank_logits_through_splash_equal_dense():
+  """The scorer's one two-stream call on Splash (interpret mode) == dense.
+
+  Prompts 16 wide and 48 new tokens: rows of 64, two-stream 128 (a tile).
+  """
+  from jax.sharding import AxisType  # pylint: disable=g-import-not-at-top
+
+  model = _model()
+  rs = np.random.RandomState(1)
+  lengths = np.array([16, 9, 12, 5])
+  mask = np.arange(16)[None, :] >= 16 - lengths[:, None]
+  prompts = np.where(mask, rs.randint(4, VOCAB, size=(4, 16)), 0).astype(
+      np.int32)
+  config = CONFIGS["greedy-threshold-same-position"]
+  result = cached.generate(model, prompts, lengths, config, max_new_tokens=48)
+  batch = scoring.prepare_trajectory_batch(
+      prompts, mask, result.trace_tokens, result.trace_commit_step,
+      mask_token_id=MASK)
+  kwargs = dict(block_size=BLOCK, mask_token_id=MASK)
+  want, want_ranks = scoring.make_rank_logits_fn(**kwargs)(
+      model, batch.model_inputs)
+  mesh = jax.make_mesh((1, 1, 1), ("fsdp", "sp", "tp"),
+                       axis_types=(AxisType.Auto,) * 3)
+  splash = scoring.make_rank_logits_fn(
+      **kwargs, attention=config_lib.AttentionConfig("splash"))
+  with mesh:
+    got, ranks = jax.jit(lambda m: splash(model, m))(batch.model_inputs)
+  np.testing.assert_array_equal(ranks, want_ranks)
+  committed = np.asarray(result.trace_commit_step) >= 0
+  err = np.abs(np.asarray(got) - np.asarray(want))[:, committed]
+  assert err.max() <= 1e-4, err.max()

@@ -293,6 +293,61 @@ def two_stream_logits(
   return jnp.take_along_axis(logits, source[:, :, None], axis=1)
 
 
+def chosen_logits(
+    model,
+    inputs: jax.Array,
+    positions: jax.Array,
+    *,
+    attention,
+    clean_tokens: jax.Array | None = None,
+    block_size: int,
+    alignment: str = "same_position",
+    validity: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+) -> jax.Array:
+  """Target-aligned logits on the attention that `attention` picks.
+
+  Single-stream (`clean_tokens` None) or two-stream `[clean_tokens |
+  inputs]`; through Splash where `attention.uses_splash` holds for the
+  attended length (the model's flash branch taken for this call only,
+  `splash_branch`), else on dense masks. The training objective and the RL
+  scorers call this one function.
+
+  Args:
+    model: Tunix causal LM.
+    inputs: int [B, L] the canvas (two-stream: the noised stream).
+    positions: int [B, L] logical positions.
+    attention: A `config.AttentionConfig`, or None (dense).
+    clean_tokens: int [B, L] the clean stream of a two-stream call.
+    block_size: Slots per block.
+    alignment: `same_position` or `shifted`.
+    validity: Optional bool [B, L].
+    segment_ids: Optional int [B, L].
+
+  Returns:
+    float32 [B, L, V]: `out[:, i]` predicts the clean token of slot i.
+  """
+  common = dict(block_size=block_size, alignment=alignment,
+                validity=validity, segment_ids=segment_ids)
+  two_stream = clean_tokens is not None
+  length = inputs.shape[1] * (2 if two_stream else 1)
+  backend = jax.default_backend()
+  if attention is None or not attention.uses_splash(
+      length, backend, supports_splash(model)):
+    if two_stream:
+      return modeling.two_stream_logits(
+          model, clean_tokens, inputs, positions, **common)
+    return modeling.block_diffusion_logits(model, inputs, positions, **common)
+  tile = attention.tile_for(length, backend)
+  tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
+  with splash_branch(model, tile):
+    if two_stream:
+      return two_stream_logits(
+          model, clean_tokens, inputs, positions, **common, **tiles)
+    return block_diffusion_logits(model, inputs, positions, **common,
+                                  **tiles)
+
+
 def make_logits_fn(
     model,
     *,

@@ -36,7 +36,7 @@ import numpy as np
 
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff.models import logits as modeling
+from tunix_blockdiff.models import flash
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.rl import trajectory_batch
 from tunix_blockdiff.rollout import transition
@@ -123,6 +123,7 @@ def make_rank_logits_fn(
     mask_token_id: int,
     alignment: str = "same_position",
     max_steps_per_block: int | None = None,
+    attention: config_lib.AttentionConfig | None = None,
 ) -> Callable[[Any, Mapping[str, jax.Array]], tuple[jax.Array, jax.Array]]:
   """Logits of every completion slot on every within-block step-rank canvas.
 
@@ -138,6 +139,8 @@ def make_rank_logits_fn(
       slot of its block). A smaller R (e.g. the rollout's `steps_per_block`)
       saves compute; a trajectory that needs more raises when checked
       eagerly.
+    attention: The two-stream call's attention (`flash.chosen_logits`;
+      None: dense masks). Splash needs the `with mesh:` context.
 
   Returns:
     `fn(model, model_inputs) -> (logits float32 [R, B, N, V], ranks int32
@@ -185,11 +188,12 @@ def make_rank_logits_fn(
           (num_ranks * batch,) + x.shape[1:]
       )
 
-    logits = modeling.two_stream_logits(
+    logits = flash.chosen_logits(
         model,
-        tile(layout["tokens"]),
         noised.reshape(num_ranks * batch, length),
         tile(layout["positions"]),
+        attention=attention,
+        clean_tokens=tile(layout["tokens"]),
         block_size=block_size,
         alignment=alignment,
         validity=tile(layout["validity"]),
@@ -210,6 +214,7 @@ def make_trajectory_logits_fn(
     mask_token_id: int,
     alignment: str = "same_position",
     max_steps_per_block: int | None = None,
+    attention: config_lib.AttentionConfig | None = None,
 ) -> Callable[[Any, Mapping[str, jax.Array]], jax.Array]:
   """A `DiffusionLogitsFn` giving each completion slot its own step's logits.
 
@@ -225,6 +230,7 @@ def make_trajectory_logits_fn(
       mask_token_id=mask_token_id,
       alignment=alignment,
       max_steps_per_block=max_steps_per_block,
+      attention=attention,
   )
 
   def logits_fn(model, model_inputs):
@@ -321,14 +327,16 @@ def proposal_entropy(log_probs: jax.Array) -> jax.Array:
   return -jnp.sum(probs * safe_log_probs, axis=-1)
 
 
-def trajectory_logits_fn_for(config: config_lib.DenoiseConfig):
+def trajectory_logits_fn_for(config: config_lib.DenoiseConfig,
+                             attention=None):
   """`make_trajectory_logits_fn` for rollouts made with `config`."""
-  return make_trajectory_logits_fn(**_rollout_kwargs(config))
+  return make_trajectory_logits_fn(**_rollout_kwargs(config),
+                                   attention=attention)
 
 
-def rank_logits_fn_for(config: config_lib.DenoiseConfig):
+def rank_logits_fn_for(config: config_lib.DenoiseConfig, attention=None):
   """`make_rank_logits_fn` for rollouts made with `config`."""
-  return make_rank_logits_fn(**_rollout_kwargs(config))
+  return make_rank_logits_fn(**_rollout_kwargs(config), attention=attention)
 
 
 def score_trajectories(
