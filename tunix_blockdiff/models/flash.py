@@ -329,23 +329,22 @@ def chosen_logits(
   """
   common = dict(block_size=block_size, alignment=alignment,
                 validity=validity, segment_ids=segment_ids)
-  two_stream = clean_tokens is not None
-  length = inputs.shape[1] * (2 if two_stream else 1)
+  length = inputs.shape[1] * (1 if clean_tokens is None else 2)
   backend = jax.default_backend()
-  if attention is None or not attention.uses_splash(
+  scope, tiles = contextlib.nullcontext(), {}
+  if attention is not None and attention.uses_splash(
       length, backend, supports_splash(model)):
-    if two_stream:
-      return modeling.two_stream_logits(
-          model, clean_tokens, inputs, positions, **common)
-    return modeling.block_diffusion_logits(model, inputs, positions, **common)
-  tile = attention.tile_for(length, backend)
-  tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
-  with splash_branch(model, tile):
-    if two_stream:
-      return two_stream_logits(
-          model, clean_tokens, inputs, positions, **common, **tiles)
-    return block_diffusion_logits(model, inputs, positions, **common,
-                                  **tiles)
+    tile = attention.tile_for(length, backend)
+    scope = splash_branch(model, tile)
+    tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
+  # Outside the scope a model is on its own path: dense masks, or the flash
+  # branch where it was built with one.
+  with scope:
+    if clean_tokens is None:
+      return block_diffusion_logits(model, inputs, positions, **common,
+                                    **tiles)
+    return two_stream_logits(model, clean_tokens, inputs, positions,
+                             **common, **tiles)
 
 
 def make_logits_fn(
