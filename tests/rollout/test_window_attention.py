@@ -20,7 +20,6 @@ import pytest
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.attention import masks
-from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import window_attention as wa

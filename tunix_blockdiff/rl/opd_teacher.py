@@ -30,8 +30,6 @@ from tunix_blockdiff.rl import scoring
 TEACHER_KINDS = ("ar", "block_diffusion")
 
 
-
-
 def ar_teacher_logits(
     teacher,
     prompt_tokens: jax.Array,
