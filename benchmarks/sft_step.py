@@ -28,13 +28,19 @@ With `--attention splash` every program runs its attention through Splash
 elsewhere; the block-diffusion steps through `model.attention: splash`, in
 Pallas interpret mode off a TPU), under a one-device mesh; with
 `--model qwen3_0p6b --dtype bfloat16` the model is Tunix's Qwen3-0.6B
-architecture (random weights). The table then also gives tokens/s and MFU
-(XLA's FLOP count over the best time and `--peak-tflops`, 197 for a v5e).
+architecture (random weights, its own vocabulary unless `--vocab`). The
+table then also gives tokens/s and MFU (the model FLOPs of `model_gflops`,
+6 per parameter per token plus the mask's attended pairs, over the best time
+and `--peak-tflops`, 197 for a v5e). `--remat block|decoder` recomputes
+activations in the backward pass (the trainer's `remat=`, and the same
+`RematConfig` on the causal model).
 
     python benchmarks/sft_step.py                 # the README table
     python benchmarks/sft_step.py --rounds 3      # quick
     python benchmarks/sft_step.py --model qwen3_0p6b --dtype bfloat16 \
         --attention splash --length 2048 --batch 4 --rounds 3   # a TPU
+    python benchmarks/sft_step.py --model qwen3_0p6b --dtype bfloat16 \
+        --attention splash --length 4096 --streams two_stream --remat decoder
     tunix-blockdiff bench sft_step [flags]        # the same, via the CLI
 """
 
@@ -42,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import statistics
 import time
 
@@ -56,14 +63,23 @@ from tunix.sft import peft_trainer
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff.models import remat as remat_lib
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
 
 STREAMS = ("single", "clean_prefix", "two_stream")
 
 
-def make_model(args, flash: bool = False) -> qwen3_lib.Qwen3:
-  """The model (`--model`); `flash`: Tunix's own (causal) flash branch."""
+def make_model(args, flash: bool = False,
+               remat: bool = False) -> qwen3_lib.Qwen3:
+  """The model (`--model`, `--vocab`, `--dtype`).
+
+  Args:
+    args: The parsed flags.
+    flash: Tunix's own (causal) flash branch.
+    remat: Set `--remat` in the model's config (the causal step; the
+      block-diffusion steps take it from the trainer's `remat=` instead).
+  """
   if args.model == "qwen3_0p6b":
     config = qwen3_lib.ModelConfig.qwen3_0p6b()
     config = dataclasses.replace(config, vocab_size=args.vocab) if (
@@ -83,6 +99,9 @@ def make_model(args, flash: bool = False) -> qwen3_lib.Qwen3:
   config = dataclasses.replace(
       config, dtype=dtype, param_dtype=dtype, use_flash_attention=flash,
       flash_attention_block_size=tile)
+  if remat and args.remat != "none":
+    config = dataclasses.replace(
+        config, remat_config=qwen3_lib.RematConfig[args.remat.upper()])
   return qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0))
 
 
@@ -132,7 +151,7 @@ def causal_step(args, examples):
       ),
   }
   trainer = peft_trainer.PeftTrainer(
-      make_model(args, flash=causal_flash(args)),
+      make_model(args, flash=causal_flash(args), remat=True),
       optax.adamw(1e-4),
       peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
   )
@@ -164,21 +183,72 @@ def diffusion_step(args, examples, stream):
       peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
       dcfg,
       attention=attention_config(args),
+      remat=args.remat,
   )
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
   return step, batch
 
 
 def loss_gflops(loss_fn, model, batch) -> float:
-  """XLA's FLOP count (GFLOP) of `grad(loss_fn)` on `batch`."""
+  """XLA's FLOP count (GFLOP) of `grad(loss_fn)` on `batch`.
+
+  Counted on the lowered program (no compile: at real sizes on a TPU each
+  compile costs tens of seconds); a Pallas kernel counts as its own cost
+  estimate, or nothing where it has none, so this column compares programs
+  of one attention kind. The MFU column uses `model_gflops` instead. NaN
+  (printed `n/a`) where the backend gives no count before compiling (TPU).
+  """
   graphdef, state = nnx.split(model)
 
   def grad(state, batch):
     return jax.grad(lambda s: loss_fn(nnx.merge(graphdef, s), batch))(state)
 
-  cost = jax.jit(grad).lower(state, batch).compile().cost_analysis()
+  cost = jax.jit(grad).lower(state, batch).cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
+  if not cost or "flops" not in cost:  # a TPU's lowered programs have none
+    return float("nan")
   return float(cost["flops"]) / 1e9
+
+
+def attended_pairs(stream: str | None, length: int, block: int) -> int:
+  """(query, key) pairs one row's attention mask allows.
+
+  Args:
+    stream: None for the causal step, else a block-diffusion stream.
+    length: L, the row's tokens.
+    block: The block size.
+
+  Returns:
+    Causal: L(L+1)/2. Single and clean-prefix (block-causal over L):
+    b^2 n(n+1)/2 with n = L/b blocks. Two-stream: the clean stream's
+    block-causal pairs plus each noised block's clean prefix and itself,
+    b^2 n(n+1).
+  """
+  if stream is None:
+    return length * (length + 1) // 2
+  n = length // block
+  pairs = block * block * n * (n + 1) // 2
+  return 2 * pairs if stream == "two_stream" else pairs
+
+
+def model_gflops(model, args, stream: str | None) -> float:
+  """Model FLOPs (GFLOP) of one step's forward and backward pass.
+
+  6 per matmul parameter per token (the output head counted once, tied or
+  not; the embedding lookup is free) plus 12 per attended (query, key) pair
+  per head dimension per layer (QK^T and PV, forward and backward), the
+  mask's own pairs (`attended_pairs`): the work a kernel that skips masked
+  tiles must do, the usual MFU convention.
+  """
+  config = model.config
+  params = sum(
+      x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  embed = config.vocab_size * config.embed_dim
+  matmul = params if config.use_tied_embedding else params - embed
+  tokens = args.batch * args.length * (2 if stream == "two_stream" else 1)
+  attention = (12 * config.num_layers * config.num_heads * config.head_dim
+               * args.batch * attended_pairs(stream, args.length, args.block))
+  return (6 * matmul * tokens + attention) / 1e9
 
 
 def causal_loss(model, batch):
@@ -195,6 +265,12 @@ def diffusion_loss_for(stream, block, attention=None):
   return lambda model, batch: loss_fn(
       model, **trainer_lib.diffusion_model_inputs(batch)
   ).primary_loss.unreduced_sum
+
+
+def peak_gib() -> float:
+  """The device's peak bytes in use so far (GiB), NaN where not reported."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use", float("nan")) / 2**30
 
 
 def run_once(step, batch) -> float:
@@ -219,10 +295,23 @@ def main(argv=None) -> int:
   parser.add_argument("--layers", type=int, default=4)
   parser.add_argument("--width", type=int, default=512)
   parser.add_argument("--heads", type=int, default=8)
-  parser.add_argument("--vocab", type=int, default=8192)
+  parser.add_argument("--vocab", type=int, default=None,
+                      help="default: the model's own (8192 for tiny)")
+  parser.add_argument("--remat", default="none",
+                      choices=remat_lib.REMAT_POLICIES,
+                      help="rematerialise each layer's attention block or"
+                      " whole decoder layer in the backward pass")
   parser.add_argument("--rounds", type=int, default=10)
   parser.add_argument("--peak-tflops", type=float, default=197.0)
+  parser.add_argument("--sequential", action="store_true",
+                      help="build, time and free one program at a time (a"
+                      " real size on one chip cannot hold every program's"
+                      " model and optimizer state at once); also reports"
+                      " the device's peak memory after each")
   args = parser.parse_args(argv)
+  if args.vocab is None:
+    args.vocab = (qwen3_lib.ModelConfig.qwen3_0p6b().vocab_size
+                  if args.model == "qwen3_0p6b" else 8192)
   if args.attention == "auto":
     args.attention = "splash" if jax.default_backend() == "tpu" else "dense"
   streams = args.streams.split(",")
@@ -240,56 +329,98 @@ def main(argv=None) -> int:
     return _measure(args, streams)
 
 
-def _measure(args, streams) -> int:
-  examples = make_examples(args)
-  model = make_model(args)
-  causal = "causal LM (Tunix PeftTrainer)"
-  programs = {causal: causal_step(args, examples)}
-  gflops = {causal: loss_gflops(causal_loss, make_model(
-      args, flash=causal_flash(args)), programs[causal][1])}
-  for stream in streams:
-    name = f"block diffusion, {stream}"
-    programs[name] = diffusion_step(args, examples, stream)
-    gflops[name] = loss_gflops(
-        diffusion_loss_for(stream, args.block, attention_config(args)),
-        model, programs[name][1])
-  compile_seconds = {name: run_once(*p) for name, p in programs.items()}
-  for program in programs.values():
-    # Under the mesh the first step's outputs (the new state) come back
-    # placed on it, which retraces the step once more: warm that up too.
-    run_once(*program)
-  times = {name: [] for name in programs}
-  for _ in range(args.rounds):
-    for name, program in programs.items():
-      times[name].append(run_once(*program))
-
-  best = {name: min(values) for name, values in times.items()}
-  median = {name: statistics.median(values) for name, values in times.items()}
-  tokens = args.batch * args.length
+def _header(args) -> None:
   print(
       f"Qwen3 ({args.model}) {args.dtype}, vocab {args.vocab}; batch"
-      f" {args.batch} x {args.length} tokens, block {args.block}; attention"
+      f" {args.batch} x {args.length} tokens, block {args.block}; remat"
+      f" {args.remat}; attention"
       f" {args.attention}{f' (tile {args.tile})' if args.tile else ''}"
       f"{'' if causal_flash(args) or args.attention == 'dense' else ', the causal step dense (Tunix flash: TPU only)'};"
-      f" {jax.devices()[0].platform}, {args.rounds} interleaved rounds;"
+      f" {jax.devices()[0].platform}, {args.rounds}"
+      f" {'rounds per program, one at a time' if args.sequential else 'interleaved rounds'};"
       f" MFU at {args.peak_tflops:g} TFLOP/s\n"
   )
   print(
       "| step | best s / step | vs causal (best) | vs causal (median) |"
       " FLOPs vs causal | tokens/s | MFU | first call (compile) s |"
+      + (" peak GiB so far |" if args.sequential else "")
   )
-  print("|---|---|---|---|---|---|---|---|")
-  for name in programs:
-    # The optimizer update's FLOPs are left out (small next to the pass).
-    mfu = gflops[name] * 1e9 / best[name] / (args.peak_tflops * 1e12)
-    print(
-        f"| {name} | {best[name]:.3f} | {best[name] / best[causal]:.2f}x |"
-        f" {median[name] / median[causal]:.2f}x |"
-        f" {gflops[name] / gflops[causal]:.2f}x |"
-        f" {tokens / best[name]:,.0f} | {100 * mfu:.1f}% |"
-        f" {compile_seconds[name]:.1f} |"
-    )
+  print("|---|---|---|---|---|---|---|---|" + ("---|" if args.sequential else ""),
+        flush=True)
+
+
+def _row(args, name: str, m: dict, causal: dict | None) -> str:
+  """One table row from measure `m` (and the causal step's, if measured)."""
+  if "oom" in m:
+    return f"| {name} | out of memory |" + " |" * (7 + args.sequential)
+  best, median = min(m["times"]), statistics.median(m["times"])
+  nan = float("nan")
+  c_best = causal["best"] if causal else nan
+  c_median = causal["median"] if causal else nan
+  ratio = m["gflops"] / (causal["gflops"] if causal else nan)
+  # The optimizer update's FLOPs are left out (small next to the pass).
+  mfu = m["useful"] * 1e9 / best / (args.peak_tflops * 1e12)
+  tokens = args.batch * args.length
+  return (
+      f"| {name} | {best:.3f} | {best / c_best:.2f}x |"
+      f" {median / c_median:.2f}x |"
+      f" {'n/a' if ratio != ratio else f'{ratio:.2f}x'} |"
+      f" {tokens / best:,.0f} | {100 * mfu:.1f}% | {m['compile']:.1f} |"
+      + (f" {m['peak']:.2f} |" if args.sequential else "")
+  )
+
+
+def _measure(args, streams) -> int:
+  examples = make_examples(args)
+  model = make_model(args)
+  causal = "causal LM (Tunix PeftTrainer)"
+  plans = {causal: (lambda: causal_step(args, examples), causal_loss,
+                    make_model(args, flash=causal_flash(args)), None)}
+  for stream in streams:
+    plans[f"block diffusion, {stream}"] = (
+        lambda stream=stream: diffusion_step(args, examples, stream),
+        diffusion_loss_for(stream, args.block, attention_config(args)),
+        model, stream)
+  _header(args)
+  measured, programs = {}, {}
+  for name, (build, loss_fn, loss_model, stream) in plans.items():
+    m = measured[name] = {"useful": model_gflops(model, args, stream),
+                          "times": []}
+    try:
+      programs[name] = build()
+      m["gflops"] = loss_gflops(loss_fn, loss_model, programs[name][1])
+      m["compile"] = run_once(*programs[name])
+      # Under the mesh the first step's outputs (the new state) come back
+      # placed on it, which retraces the step once more: warm that up too.
+      run_once(*programs[name])
+      if args.sequential:  # time it now, then free its state for the next
+        m["times"] = [run_once(*programs[name]) for _ in range(args.rounds)]
+        m["peak"] = peak_gib()
+    except jax.errors.JaxRuntimeError as e:
+      if not args.sequential or "RESOURCE_EXHAUSTED" not in str(e):
+        raise
+      m["oom"] = True  # does not fit: say so, measure the others
+    if args.sequential:
+      programs.pop(name, None)
+      gc.collect()
+      _print_row(args, name, measured, causal)
+  for _ in range(0 if args.sequential else args.rounds):
+    for name, program in programs.items():
+      measured[name]["times"].append(run_once(*program))
+  if not args.sequential:
+    for name in measured:
+      _print_row(args, name, measured, causal)
   return 0
+
+
+def _print_row(args, name, measured, causal) -> None:
+  base = measured.get(causal)
+  if base is not None and "oom" not in base:
+    base = dict(base, best=min(base["times"]),
+                median=statistics.median(base["times"]))
+  else:
+    base = None
+  print(_row(args, name, measured[name], base), flush=True)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,12 @@ splash`; here the Splash variant runs in Pallas interpret mode, one round.
 import pathlib
 import sys
 
+import hypothesis
+from hypothesis import strategies as st
+import numpy as np
 import pytest
+
+from tunix_blockdiff.attention import masks
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]
                        / "benchmarks"))
@@ -32,3 +37,52 @@ def test_bad_flags_are_refused():
     sft_step.main(["--streams", "three_stream"])
   with pytest.raises(SystemExit):
     sft_step.main(["--attention", "splash", "--length", "100"])
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(
+    blocks=st.integers(1, 6), block=st.sampled_from([1, 2, 4, 8]),
+    stream=st.sampled_from([None, "single", "clean_prefix", "two_stream"]))
+def test_attended_pairs_counts_the_masks_own_pairs(blocks, block, stream):
+  length = blocks * block
+  positions = np.arange(length)
+  if stream is None:
+    mask = masks.block_causal_mask(positions, positions, 1)
+  elif stream == "two_stream":
+    mask = masks.two_stream_mask(positions, block)
+  else:
+    mask = masks.block_causal_mask(positions, positions, block)
+  assert sft_step.attended_pairs(stream, length, block) == int(
+      np.asarray(mask).sum())
+
+
+def test_model_flops_are_six_per_parameter_per_token_plus_attention():
+  args = sft_step.argparse.Namespace(
+      model="tiny", vocab=256, layers=1, width=64, heads=2, dtype="float32",
+      tile=None, remat="none", batch=2, length=32, block=4)
+  model = sft_step.make_model(args)
+  config = model.config
+  single = sft_step.model_gflops(model, args, "single")
+  two = sft_step.model_gflops(model, args, "two_stream")
+  attention = 12 * config.num_heads * config.head_dim * 2 * (
+      sft_step.attended_pairs("single", 32, 4))
+  # The two-stream step runs twice the tokens and twice the pairs.
+  assert two == pytest.approx(2 * single)
+  assert single > attention / 1e9
+
+
+def test_sequential_mode_prints_each_row_with_its_peak(capsys):
+  assert sft_step.main([
+      "--layers", "1", "--width", "32", "--heads", "2", "--vocab", "128",
+      "--length", "32", "--batch", "1", "--rounds", "1", "--block", "4",
+      "--streams", "single", "--sequential"]) == 0
+  out = capsys.readouterr().out
+  assert "one at a time" in out and "peak GiB so far" in out
+  assert len([l for l in out.splitlines() if l.startswith("| ")]) == 3
+
+
+def test_a_program_that_does_not_fit_gets_an_out_of_memory_row():
+  args = sft_step.argparse.Namespace(sequential=True)
+  row = sft_step._row(args, "block diffusion, single", {"oom": True}, None)
+  assert row.startswith("| block diffusion, single | out of memory |")
+  assert row.count("|") == 11
