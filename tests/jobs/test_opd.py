@@ -54,6 +54,7 @@ def test_opd_command_writes_a_valid_summary_and_figure(
     assert 0.0 <= summary[key] <= 1.0
   assert summary["divergence_start"] > 0 and summary["divergence_end"] > 0
   assert summary["divergence"] == "jsd" and summary["estimator"] == "full"
+  assert summary["scoring_attention"] == "dense"  # auto off a TPU
   assert summary["steps"] == 2 and summary["optimizer_steps"] == 2
   assert summary["seconds"] > 0
   assert (out / "opd.png").stat().st_size > 0

@@ -64,6 +64,7 @@ def test_rl_command_writes_a_valid_summary_and_figure(tmp_path):
   ):
     assert 0.0 <= summary[key] <= 1.0
   assert summary["steps"] == 2 and summary["optimizer_steps"] == 2
+  assert summary["scoring_attention"] == "dense"  # auto off a TPU
   assert summary["seconds"] > 0 and summary["rollouts"] == 8
   # 8 rollouts of at most 4 tokens; per micro-batch a prefill and >= 1 step.
   assert 8 <= summary["rollout_tokens"] <= 32

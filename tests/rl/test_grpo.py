@@ -323,3 +323,72 @@ def test_two_grpo_steps_inside_a_real_rlcluster():
   assert abs(float(ratios[0]) - 1.0) < 1e-5
   assert float(ratios[1]) != pytest.approx(1.0, abs=1e-6)
   assert np.all(np.isfinite(logger.get_metric_history("actor", "kl", "train")))
+
+
+def test_splash_scores_keep_the_ratio_one_and_equal_dense(monkeypatch):
+  """Old log-probs and the loss's, both through Splash (interpret mode).
+
+  Prompts 16 wide and 48 new tokens: scored rows of 64, their two-stream
+  call 128 slots (one tile). The cluster-side scorer and the loss use the
+  same kernels, so the ratio is 1 (as on dense masks); the Splash scores
+  equal the dense ones.
+  """
+  from jax.sharding import AxisType  # pylint: disable=g-import-not-at-top
+
+  from tunix_blockdiff.models import flash  # pylint: disable=g-import-not-at-top
+
+  scopes = []
+  branch = flash.splash_branch
+  monkeypatch.setattr(flash, "splash_branch",
+                      lambda *a, **k: scopes.append(1) or branch(*a, **k))
+  splash = config_lib.AttentionConfig("splash")
+  prompts, prompt_mask, tokens, steps = _trajectories(
+      seed=1, width=16, num_new=48)
+  mesh = jax.make_mesh((1, 1, 1), ("fsdp", "sp", "tp"),
+                       axis_types=(AxisType.Auto,) * 3)
+  with mesh:
+    old = likelihood.score_trajectories_jit(
+        _model(), prompts, prompt_mask, tokens, steps, CONFIG,
+        attention=splash)
+  dense = likelihood.score_trajectories_jit(
+      _model(), prompts, prompt_mask, tokens, steps, CONFIG)
+  committed = steps >= 0
+  np.testing.assert_allclose(np.asarray(old)[committed],
+                             np.asarray(dense)[committed], atol=1e-4)
+  example = grpo.BlockDiffusionTrainExample(
+      prompt_ids=jnp.asarray(prompts),
+      prompt_mask=jnp.asarray(prompt_mask),
+      completion_ids=jnp.asarray(tokens),
+      completion_mask=jnp.asarray(committed.astype(np.int32)),
+      advantages=jnp.array([1.0, -1.0, 0.5, -0.5]),
+      ref_per_token_logps=None,
+      old_per_token_logps=old,
+      commit_step=jnp.asarray(steps),
+  )
+  algo = _algo(num_iterations=2, beta=0.0, attention=splash)
+  loss_fn = function_registry.get_policy_loss_fn("bd_grpo")
+
+  @nnx.jit
+  def ratios(model):
+    metrics = loss_fn(model, example, algo).aux_metrics
+    return metrics["is_ratio/max"], metrics["is_ratio/min"]
+
+  with mesh:
+    ratio_max, ratio_min = map(float, ratios(_model()))
+  assert ratio_max == pytest.approx(1.0, abs=1e-5)
+  assert ratio_min == pytest.approx(1.0, abs=1e-5)
+  assert len(scopes) == 2  # the scorer's trace and the loss's took Splash
+
+
+def test_the_learner_takes_the_engines_attention_and_refuses_another():
+  splash = config_lib.AttentionConfig("splash")
+  engine = type("Engine", (), {"score_config": CONFIG, "attention": splash})
+  cluster = type("Cluster", (), {"rollout": engine})
+  algo = _algo()
+  learners.TraceLearnerMixin._fill_denoise_config(algo, cluster)
+  assert algo.attention == splash
+  other = _algo(attention=config_lib.AttentionConfig("auto"))
+  with pytest.raises(ValueError, match="attention"):
+    learners.TraceLearnerMixin._fill_denoise_config(other, cluster)
+  with pytest.raises(TypeError, match="attention"):
+    _algo(attention="splash")

@@ -109,6 +109,7 @@ def evaluate_student(
         divergence=algo_config.divergence,
         beta=algo_config.beta,
         temperature=algo_config.temperature,
+        attention=algo_config.attention,
     )
     totals.append((mean * scored.sum(), scored.sum()))
   divergence = sum(t for t, _ in totals) / max(sum(n for _, n in totals), 1)
@@ -254,7 +255,9 @@ def run_block_diffusion(cfg) -> dict[str, Any]:
       tokenizer=tokenizer,
       cluster_config=rl_common.cluster_config(
           opd_cfg, out, mesh,
-          rl_common.engine_factory(cfg, sft_cfg),
+          rl_common.engine_factory(
+              cfg, sft_cfg,
+              rl_common.scoring_attention(cfg, sft_cfg, student)),
           rl_common.rollout_configs(cfg, max_new_tokens),
           max_steps=steps,
           description="block-diffusion OPD",
@@ -318,6 +321,7 @@ def run_block_diffusion(cfg) -> dict[str, Any]:
   train_divergence = np.asarray(job_state()["train_divergence"], np.float64)
   summary = {
       "prompt_truncation": prompt_truncation,
+      "scoring_attention": "splash" if cluster.rollout.attention else "dense",
       "student_exact_match_start": start["exact_match"],
       "student_exact_match_end": end["exact_match"],
       "divergence_start": start["divergence"],

@@ -148,7 +148,9 @@ def run_block_diffusion(cfg) -> dict[str, Any]:
       tokenizer=tokenizer,
       cluster_config=rl_common.cluster_config(
           grpo_cfg, out, mesh,
-          rl_common.engine_factory(cfg, sft_cfg),
+          rl_common.engine_factory(
+              cfg, sft_cfg,
+              rl_common.scoring_attention(cfg, sft_cfg, policy)),
           rl_common.rollout_configs(cfg, max_new_tokens),
           max_steps=steps * int(grpo_cfg.num_iterations),
           description="block-diffusion GRPO",
@@ -232,6 +234,7 @@ def run_block_diffusion(cfg) -> dict[str, Any]:
   window = max(1, len(batch_rewards) // 10)
   summary = {
       "prompt_truncation": prompt_truncation,
+      "scoring_attention": "splash" if cluster.rollout.attention else "dense",
       "reward_start": start["sampled"],
       "reward_end": end["sampled"],
       "greedy_exact_match_start": start["greedy"],

@@ -79,11 +79,15 @@ class BlockDiffusionGRPOConfig(grpo_learner.GRPOConfig):
       or `committed_only` (the committed tokens' probabilities only, biased).
       Token-level terms: each token's proposal log-prob plus an even share
       of its step's selection log-prob (`rl.selection`).
+    attention: The scoring call's attention (`rl.likelihood`); the learner
+      fills it from the rollout engine's when None and rejects a different
+      one (old and new log-probs from one kernel keep the ratio exact).
   """
 
   policy_loss_fn: str = "bd_grpo"
   denoise_config: config_lib.DenoiseConfig | None = None
   likelihood: str = "exact"
+  attention: config_lib.AttentionConfig | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -105,6 +109,7 @@ class BlockDiffusionGRPOConfig(grpo_learner.GRPOConfig):
           f" {type(self.denoise_config).__name__}"
       )
     likelihood_lib.check_likelihood(self.likelihood, self.denoise_config)
+    likelihood_lib.check_attention(self.attention)
 
 
 def aggregate(
@@ -165,10 +170,11 @@ def policy_log_probs(
     train_example,
     config: config_lib.DenoiseConfig,
     likelihood: str = "exact",
+    attention: config_lib.AttentionConfig | None = None,
 ):
   """Differentiable per-token log-probs and entropies, each float32 [B, N].
 
-  Under `likelihood` (`rl.likelihood.per_token_logps`).
+  Under `likelihood` and `attention` (`rl.likelihood.per_token_logps`).
   """
   batch = scoring.prepare_trajectory_batch(
       train_example.prompt_ids,
@@ -185,6 +191,7 @@ def policy_log_probs(
       likelihood=likelihood,
       stop_gradient=False,
       return_entropy=True,
+      attention=attention,
   )
 
 
@@ -227,7 +234,8 @@ def bd_grpo_loss_fn(
   epsilon = algo_config.epsilon
   epsilon_high = getattr(algo_config, "epsilon_high", None) or epsilon
   logps, entropy = policy_log_probs(
-      model, train_example, config, getattr(algo_config, "likelihood", "exact")
+      model, train_example, config, getattr(algo_config, "likelihood", "exact"),
+      getattr(algo_config, "attention", None),
   )
   mask = train_example.completion_mask.astype(jnp.float32)
   active = mask > 0

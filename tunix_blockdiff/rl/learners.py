@@ -48,6 +48,15 @@ class TraceLearnerMixin:
     likelihood_lib.check_likelihood(
         getattr(algo_config, "likelihood", "exact"), rollout_config
     )
+    # One attention for the engine's old/reference scores and the loss's.
+    engine_attention = getattr(rl_cluster.rollout, "attention", None)
+    if getattr(algo_config, "attention", None) is None:
+      algo_config.attention = engine_attention
+    elif algo_config.attention != engine_attention:
+      raise ValueError(
+          f"algo_config.attention {algo_config.attention} differs from the"
+          f" rollout engine's {engine_attention}; the loss and the old"
+          " log-probs must come from the same attention kernels")
 
   def _rollout(self, training_input, mode):
     training_input["prompts"] = list(training_input["prompts"])

@@ -70,6 +70,14 @@ def check_likelihood(
   return likelihood
 
 
+def check_attention(attention) -> None:
+  """A TypeError unless `attention` is None or an `AttentionConfig`."""
+  if attention is not None and not isinstance(
+      attention, config_lib.AttentionConfig):
+    raise TypeError("attention must be an AttentionConfig or None, got"
+                    f" {type(attention).__name__}")
+
+
 def per_token_logps(
     model,
     batch: compat.DiffusionTokenBatch,
@@ -78,6 +86,7 @@ def per_token_logps(
     likelihood: str = "exact",
     stop_gradient: bool = True,
     return_entropy: bool = False,
+    attention: config_lib.AttentionConfig | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
   """Per-token log-probs of a prepared rollout batch under `likelihood`.
 
@@ -90,6 +99,10 @@ def per_token_logps(
     likelihood: `exact` or `committed_only` (see the module docstring).
     stop_gradient: Detach the result from the model.
     return_entropy: Also return each slot's proposal entropy at its step.
+    attention: The scoring call's attention (`flash.chosen_logits`: Splash
+      where it applies, else dense; None: dense). The learner's loss and the
+      engine's old/reference scores must use the same one, so that the
+      GRPO ratio is exactly 1 before the first update.
 
   Returns:
     float32 [B, N] log-probs (0 where `loss_weights == 0`; with `exact`, a
@@ -101,17 +114,18 @@ def per_token_logps(
         f"config must be a DenoiseConfig, got {type(config).__name__}"
     )
   check_likelihood(likelihood, config)
+  check_attention(attention)
   if likelihood == "committed_only":
     return scoring.compute_diffusion_per_token_logps(
         model,
         batch,
-        scoring.trajectory_logits_fn_for(config),
+        scoring.trajectory_logits_fn_for(config, attention),
         config=config,
         stop_gradient=stop_gradient,
         return_entropy=return_entropy,
     )
   inputs = batch.model_inputs
-  logits, ranks = scoring.rank_logits_fn_for(config)(model, inputs)
+  logits, ranks = scoring.rank_logits_fn_for(config, attention)(model, inputs)
   transition.check_vocab(logits.shape[-1], config)
   commit_step = inputs["commit_step"]
   committed = commit_step >= 0
@@ -140,17 +154,18 @@ def per_token_logps(
   return logps, entropy
 
 
-# (config, likelihood) -> [(graphdef, jitted scorer)]. Models with equal graph
+# (config, likelihood, attention) -> [(graphdef, jitted scorer)]. Models with equal graph
 # definitions (the policy and its reference copy, the rollout and the actor)
 # share one compiled program; GraphDefs are unhashable, so they are compared
 # with ==.
-_SCORERS: dict[tuple[config_lib.DenoiseConfig, str], list] = {}
+_SCORERS: dict[tuple[config_lib.DenoiseConfig, str, Any], list] = {}
 _SCORERS_LOCK = threading.Lock()
 
 
-def _jitted_scorer(graphdef, config: config_lib.DenoiseConfig, likelihood):
+def _jitted_scorer(graphdef, config: config_lib.DenoiseConfig, likelihood,
+                   attention=None):
   with _SCORERS_LOCK:
-    entries = _SCORERS.setdefault((config, likelihood), [])
+    entries = _SCORERS.setdefault((config, likelihood, attention), [])
     for known, program in entries:
       if known == graphdef:
         return program
@@ -162,7 +177,8 @@ def _jitted_scorer(graphdef, config: config_lib.DenoiseConfig, likelihood):
           loss_weights=loss_weights,
       )
       return per_token_logps(
-          nnx.merge(graphdef, state), batch, config, likelihood=likelihood
+          nnx.merge(graphdef, state), batch, config, likelihood=likelihood,
+          attention=attention,
       )
 
     program = jax.jit(run)
@@ -179,11 +195,12 @@ def score_trajectories_jit(
     config: config_lib.DenoiseConfig,
     *,
     likelihood: str = "exact",
+    attention: config_lib.AttentionConfig | None = None,
 ) -> jax.Array:
   """Detached per-token log-probs of rollouts, as a cached compiled program.
 
   Validates eagerly, then runs one program compiled per (model structure,
-  config, likelihood, shapes); the model's current parameters are passed on
+  config, likelihood, attention, shapes); the model's current parameters are passed on
   each call, so updated weights need no recompilation.
 
   Args:
@@ -194,11 +211,13 @@ def score_trajectories_jit(
     commit_step: int [B, N], -1 where never committed.
     config: The rollout's `DenoiseConfig`.
     likelihood: `exact` or `committed_only`.
+    attention: The model call's attention (see `per_token_logps`).
 
   Returns:
     float32 [B, N] log-probs, 0 where never committed (see `per_token_logps`).
   """
   check_likelihood(likelihood, config)
+  check_attention(attention)
   batch = trajectory_batch.prepare_trajectory_batch(
       prompt_tokens,
       prompt_mask,
@@ -207,7 +226,7 @@ def score_trajectories_jit(
       mask_token_id=config.mask_token_id,
   )
   graphdef, state = nnx.split(model)
-  program = _jitted_scorer(graphdef, config, likelihood)
+  program = _jitted_scorer(graphdef, config, likelihood, attention)
   return program(
       state, batch.model_inputs, batch.target_ids, batch.loss_weights
   )

@@ -250,6 +250,7 @@ def evaluate_divergence(
     divergence: str = "reverse_kl",
     beta: float = 0.5,
     temperature: float = 1.0,
+    attention=None,
 ) -> float:
   """Token-mean exact divergence (full vocabulary) of a student rollout batch.
 
@@ -263,6 +264,7 @@ def evaluate_divergence(
     divergence: `reverse_kl`, `forward_kl` or `jsd`.
     beta: `jsd` teacher weight.
     temperature: > 0.
+    attention: The student call's `AttentionConfig` (None: dense).
 
   Returns:
     The weighted mean divergence over scored tokens (float).
@@ -270,10 +272,10 @@ def evaluate_divergence(
   logits = teacher_logits(teacher, teacher_kind, student_batch, config)
   graphdef, state = nnx.split(student)
   per_model = _DIVERGENCES.setdefault(student, {})
-  key = (config, divergence, float(beta), float(temperature))
+  key = (config, divergence, float(beta), float(temperature), attention)
   entry = per_model.get(key)
   if entry is None or entry[0] != graphdef:
-    logits_fn = scoring.trajectory_logits_fn_for(config)
+    logits_fn = scoring.trajectory_logits_fn_for(config, attention)
 
     def run(state, model_inputs, target_ids, loss_weights, logits):
       out = diffusion_opd_loss_fn(
@@ -321,7 +323,7 @@ def evaluate_divergence(
   return float(total) / float(count) if float(count) > 0 else 0.0
 
 
-# Per student model: {(config, divergence, beta, temperature): (graphdef,
+# Per student model: {(config, divergence, beta, temperature, attention): (graphdef,
 # jitted per-batch divergence sums)}.
 _DIVERGENCES: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 

@@ -200,6 +200,8 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
       (`rl.likelihood`; with `exact`, each token's share of its trajectory's
       exact log-prob, selection included). `full` computes each token's
       divergence exactly over the proposal distributions and uses none.
+    attention: The student scorer's attention (`rl.likelihood`; filled by
+      the learner from the engine when None, a different one refused).
   """
 
   algo_variant: str = "opd"
@@ -212,6 +214,7 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
   num_iterations: int = 1
   denoise_config: config_lib.DenoiseConfig | None = None
   likelihood: str = "exact"
+  attention: config_lib.AttentionConfig | None = None
 
   def __post_init__(self):
     # AlgorithmConfig's own check only knows Tunix's built-in names.
@@ -223,6 +226,7 @@ class BlockDiffusionOPDConfig(algo_config_lib.AlgorithmConfig):
           f"num_iterations must be >= 1, got {self.num_iterations}"
       )
     likelihood_lib.check_likelihood(self.likelihood, self.denoise_config)
+    likelihood_lib.check_attention(self.attention)
 
 
 def bd_opd_loss_fn(
@@ -265,14 +269,16 @@ def bd_opd_loss_fn(
   )
   score_logps = None
   likelihood = getattr(algo_config, "likelihood", "exact")
+  attention = getattr(algo_config, "attention", None)
   if algo_config.estimator == "sampled_token" and likelihood == "exact":
     score_logps = likelihood_lib.per_token_logps(
-        model, student_batch, config, stop_gradient=False
+        model, student_batch, config, stop_gradient=False,
+        attention=attention,
     )
   return diffusion_opd_loss_fn(
       model,
       batch,
-      scoring.trajectory_logits_fn_for(config),
+      scoring.trajectory_logits_fn_for(config, attention),
       divergence=algo_config.divergence,
       estimator=algo_config.estimator,
       beta=algo_config.beta,

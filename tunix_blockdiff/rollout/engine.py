@@ -82,6 +82,7 @@ class BlockDiffusionRollout(
       max_tokens_to_generate: int | None = None,
       use_cache: bool = True,
       seed: int = 0,
+      attention: config_lib.AttentionConfig | None = None,
   ):
     """Builds the engine.
 
@@ -106,6 +107,10 @@ class BlockDiffusionRollout(
       use_cache: Block-KV-cached driver (True) or cacheless `denoise`.
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
+      attention: The attention of the trajectory scorer (`score`,
+        `get_per_token_logps`; `flash.chosen_logits`: Splash where it
+        applies, None: dense); the GRPO and OPD learners score with the
+        same one. Generation itself runs the cached driver.
     """
     if rollout_actor is None:
       raise ValueError("rollout_actor (the model to sample from) is required")
@@ -113,9 +118,11 @@ class BlockDiffusionRollout(
       raise ValueError("tokenizer is required")
     if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
       tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
+    likelihood_lib.check_attention(attention)
     self._model = rollout_actor
     self._tokenizer = tokenizer
     self.mesh = mesh
+    self.attention = attention
     # Prompts cut to `max_prompt_length` over every `generate` call.
     self.truncated_prompts = 0
     if mask_token_id is None:
@@ -319,7 +326,8 @@ class BlockDiffusionRollout(
     prompt_tokens = np.asarray(prompt_tokens)
     return distributed.call_sharded(
         lambda *arrays: likelihood_lib.score_trajectories_jit(
-            model, *arrays, config, likelihood=likelihood
+            model, *arrays, config, likelihood=likelihood,
+            attention=self.attention,
         ),
         self.mesh if mesh is None else mesh,
         prompt_tokens,

@@ -83,8 +83,40 @@ def rollout_configs(cfg, max_new_tokens: int, **extra) -> dict:
   }
 
 
-def engine_factory(cfg, sft_cfg):
-  """`functools.partial(BlockDiffusionRollout, ...)` from the SFT objective."""
+def scoring_attention(cfg, sft_cfg, policy):
+  """The trajectory scorers' attention: `rollout.attention`, else the policy's.
+
+  `rollout.attention` (`auto|dense|splash`, with `rollout.attention_tile`)
+  when set, else the SFT recipe's `model.attention`. Scored rows hold
+  `rollout.max_prompt_length + rollout.max_tokens_to_generate` slots and
+  the scorers call the model two-stream over them (twice that); a `splash`
+  that cannot tile it is refused here, in one line, before any rollout.
+
+  Returns:
+    The `AttentionConfig` where the scorers run Splash (`splash`, or
+    `auto` on a TPU at a length it tiles), else None: dense, the default.
+
+  Raises:
+    UsageError: a bad value, or `splash` where it cannot run.
+  """
+  section = cfg.rollout
+  if section.get("attention") is not None:
+    attention = common.attention_config_from(
+        {"attention": section.attention,
+         "attention_tile": section.get("attention_tile")})
+  else:
+    attention = common.attention_config_from(sft_cfg.model)
+  # The scorers' one model call is two-stream over the scored rows.
+  length = 2 * (int(section.max_prompt_length) + int(
+      section.max_tokens_to_generate))
+  return common.training_attention(attention, policy, length)
+
+
+def engine_factory(cfg, sft_cfg, attention=None):
+  """`functools.partial(BlockDiffusionRollout, ...)` from the SFT objective.
+
+  `attention`: the scorers' (`scoring_attention`), None for dense.
+  """
   return functools.partial(
       engine_lib.BlockDiffusionRollout,
       block_size=int(sft_cfg.diffusion.block_size),
@@ -92,6 +124,7 @@ def engine_factory(cfg, sft_cfg):
       alignment=str(sft_cfg.diffusion.alignment),
       threshold=float(cfg.rollout.threshold),
       seed=int(cfg.seed),
+      attention=attention,
   )
 
 
