@@ -40,7 +40,7 @@ def _hf_config(tied: bool) -> dict:
       "num_attention_heads": HEADS,
       "head_dim": HEAD_DIM,
       "num_key_value_heads": KV_HEADS,
-      "rope_theta": 10000,
+      "rope_theta": 1000000,
       "rms_norm_eps": 1e-6,
       "tie_word_embeddings": tied,
       "torch_dtype": "float32",
@@ -101,6 +101,10 @@ def test_config_and_path_errors(tmp_path):
     checkpoints.qwen3_config_from_hf({"model_type": "llama"})
   with pytest.raises(ValueError, match="missing"):
     checkpoints.qwen3_config_from_hf({"model_type": "qwen3"})
+  # google-tunix 0.1.7's Qwen3 applies RoPE base 1e6 whatever the config
+  # says: another base would load as a different model.
+  with pytest.raises(ValueError, match="rope_theta=10000 is not supported"):
+    checkpoints.qwen3_config_from_hf(_hf_config(False) | {"rope_theta": 10000})
   with pytest.raises(ValueError, match="dtype must be one of"):
     checkpoints.as_dtype("float8")
   config = checkpoints.qwen3_config_from_hf(_hf_config(True), dtype="bfloat16")

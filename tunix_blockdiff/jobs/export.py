@@ -42,6 +42,7 @@ from tunix_blockdiff.runs import exported
 from tunix_blockdiff.runs import kinds
 from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.models import hf_export
+from tunix_blockdiff.models import released
 from tunix_blockdiff.models import registry
 
 USAGE = (
@@ -221,15 +222,52 @@ def _with_base_config(cfg, hf_config: dict[str, Any]) -> dict[str, Any]:
   """`hf_config` over the base checkpoint's config.json (a `*_hf` run).
 
   Keeps what Tunix does not model but Hugging Face users read (e.g.
-  `max_position_embeddings`); every key export writes wins.
+  `max_position_embeddings`); every key export writes wins. A released
+  block-diffusion base (`models.released`: SDAR, Fast-dLLM v2) keeps its
+  own format: its `model_type`, `architectures` (and `auto_map`), with the
+  run's block size and mask token id under the format's keys, so the
+  format's own tools load the result.
   """
   if not str(cfg.model.kind).endswith("_hf"):
     return hf_config
   base = exported.read_config(str(cfg.model.path)) or {}
+  fmt = _released_format(base)
+  if fmt is not None:
+    base.pop(exported.SECTION, None)
+    diffusion = common.diffusion_config_from(cfg.diffusion)
+    return {
+        **base,
+        **hf_config,
+        "model_type": base["model_type"],
+        "architectures": base.get("architectures") or list(fmt.architectures),
+        fmt.block_size_key: diffusion.block_size,
+        "mask_token_id": diffusion.mask_token_id,
+    }
   if base.get("model_type") != hf_config["model_type"]:
     return hf_config  # e.g. a multimodal gemma3 whose text part was loaded
   base.pop(exported.SECTION, None)
   return {**base, **hf_config}
+
+
+def _released_format(base: dict[str, Any]):
+  try:
+    return released.detect(base)
+  except ValueError:
+    return None
+
+
+def remote_code_files(cfg) -> list[pathlib.Path]:
+  """A released base checkpoint's modeling code (`*.py`), else nothing.
+
+  Copied beside the exported weights, so that `trust_remote_code` loaders
+  of the format (its `auto_map`) find them.
+  """
+  if not str(cfg.model.kind).endswith("_hf"):
+    return []
+  path = pathlib.Path(str(cfg.model.path)).expanduser()
+  if _released_format(exported.read_config(path) or {}) is None:
+    return []
+  return sorted(path.glob("*.py"))
 
 
 def build(args: Args, cfg):
@@ -293,7 +331,8 @@ def write(args: Args, cfg, tensors, hf_config) -> list[str]:
         json.dumps(common._jsonable(hf_config), indent=2) + "\n"  # pylint: disable=protected-access
     )
     source = tokenizer_source(cfg)
-    for file in [] if source is None else hf_export.tokenizer_files(source):
+    tokenizer = [] if source is None else hf_export.tokenizer_files(source)
+    for file in [*tokenizer, *remote_code_files(cfg)]:
       shutil.copyfile(file, staging / file.name)
       files.append(file.name)
     if args.out.exists():

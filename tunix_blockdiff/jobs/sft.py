@@ -126,6 +126,7 @@ def _run(cfg, mesh, attention, remat) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
+  common.check_released_settings(cfg.model, diffusion)
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
   model = common.build_model(cfg.model, seed=int(cfg.seed), mesh=mesh)
   vocab_size = common.model_vocab_size(model)

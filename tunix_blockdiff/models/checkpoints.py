@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff.models import hf_configs
+from tunix_blockdiff.models import released
 
 as_dtype = hf_configs.as_dtype
 qwen3_config_from_hf = hf_configs.qwen3_config_from_hf
@@ -56,7 +57,9 @@ def load_hf(
   """Loads a Hugging Face checkpoint as the Tunix model of its family.
 
   Args:
-    path: Directory with `config.json` and `*.safetensors` (HF key names).
+    path: Directory with `config.json` and `*.safetensors` (HF key names);
+      a released block-diffusion format (`models.released`: SDAR,
+      Fast-dLLM v2) loads as its base family.
     family: `qwen3 | qwen2 | llama3 | gemma3`; None: from `model_type`.
       When given, `config.json` must be of that family.
     dtype: Activation dtype name (Llama3 and Gemma3 compute in their
@@ -71,7 +74,9 @@ def load_hf(
     checkpoint's weights.
   """
   path = pathlib.Path(path).expanduser()
-  hf_config = read_hf_config(path)
+  # A released block-diffusion checkpoint (SDAR, Fast-dLLM v2) holds its
+  # base family's weights under their own names.
+  hf_config = released.base_config(read_hf_config(path))
   if family is None:
     family = hf_configs.family_of(hf_config)
   if family not in hf_configs.CONFIG_FROM_HF:

@@ -10,6 +10,8 @@ soft-capping or a layer pattern other than Tunix's five local : one global.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -138,6 +140,25 @@ def _no_flash(family: str, use_flash_attention: bool) -> None:
     )
 
 
+# The RoPE base Tunix's Qwen3 attention applies when it does not read its
+# config's `rope_theta` (google-tunix 0.1.7 calls `apply_rope` with its
+# default, so every Qwen3 there computes with this base).
+QWEN3_DEFAULT_ROPE_THETA = 1_000_000
+
+
+@functools.cache
+def qwen3_reads_rope_theta() -> bool:
+  """Whether the installed Tunix's Qwen3 attention applies `rope_theta`."""
+  return "rope_theta" in inspect.getsource(qwen3_lib.Attention.block)
+
+
+def qwen3_applied_rope_theta(config) -> int:
+  """The RoPE base a Tunix Qwen3 `config` computes with."""
+  if qwen3_reads_rope_theta():
+    return int(config.rope_theta)
+  return QWEN3_DEFAULT_ROPE_THETA
+
+
 def qwen3_config_from_hf(
     hf_config: Mapping[str, Any],
     *,
@@ -161,6 +182,15 @@ def qwen3_config_from_hf(
     raise ValueError(
         "mixture-of-experts Qwen3 checkpoints are not supported by this"
         " loader; use a dense Qwen3"
+    )
+  if not qwen3_reads_rope_theta():
+    _refuse(
+        hf_config,
+        "rope_theta",
+        "this Tunix's Qwen3 attention applies RoPE with base"
+        f" {QWEN3_DEFAULT_ROPE_THETA} whatever its config says",
+        allowed=(None, QWEN3_DEFAULT_ROPE_THETA,
+                 float(QWEN3_DEFAULT_ROPE_THETA)),
     )
   return qwen3_lib.ModelConfig(
       **_dense_fields(hf_config, "qwen3", 1_000_000),

@@ -36,6 +36,7 @@ from tunix_blockdiff.runs.evaluation import GenerationEval
 from tunix_blockdiff.runs.evaluation import evaluate_generation
 from tunix_blockdiff.runs.model_setup import apply_lora
 from tunix_blockdiff.runs.model_setup import attention_config_from
+from tunix_blockdiff.runs.model_setup import check_released_settings
 from tunix_blockdiff.runs.model_setup import mesh_for_attention
 from tunix_blockdiff.runs.model_setup import remat_policy_from
 from tunix_blockdiff.runs.model_setup import training_attention
@@ -316,6 +317,7 @@ __all__ = [
     "TaskData",
     "apply_lora",
     "attention_config_from",
+    "check_released_settings",
     "mesh_for_attention",
     "remat_policy_from",
     "training_attention",

@@ -28,6 +28,7 @@ from typing import Any, NamedTuple
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
+from tunix_blockdiff.models import released
 from tunix_blockdiff.runs import common
 
 SECTION = "block_diffusion"
@@ -49,9 +50,46 @@ def read_config(path: str | pathlib.Path) -> dict[str, Any] | None:
 
 
 def is_exported(path: str | pathlib.Path) -> bool:
-  """Whether `path` is an HF directory whose config.json has the section."""
+  """Whether `path` is an HF directory generate reads on its own.
+
+  One whose config.json has the section (`tunix-blockdiff export`), or a
+  released block-diffusion checkpoint (`models.released`: SDAR, Fast-dLLM
+  v2), whose section `released_section` derives.
+  """
   config = read_config(path)
-  return isinstance(config, dict) and isinstance(config.get(SECTION), dict)
+  if not isinstance(config, dict):
+    return False
+  if isinstance(config.get(SECTION), dict):
+    return True
+  try:
+    return released.detect(config) is not None
+  except ValueError:
+    return True  # a refused variant: `read_section` says why
+
+
+def released_section(path: pathlib.Path, config) -> dict[str, Any]:
+  """The section a released checkpoint implies (its format's defaults).
+
+  Raises:
+    UsageError: A refused variant or a missing setting, naming the field.
+  """
+  try:
+    fmt = released.detect(config)
+    settings = released.diffusion_settings(config, path)
+  except ValueError as e:
+    raise errors.UsageError(f"{pathlib.Path(path) / CONFIG_FILE}: {e}") from None
+  return {
+      "version": VERSION,
+      **settings,
+      "decoding": dict(fmt.decoding),
+      "eval_prompts": [],
+      "eval_scored": False,
+      "tokenizer": {"kind": "hf", "eos_token": None},
+      "dtype": "float32",
+      "param_dtype": None,
+      "source": {"run": str(path), "checkpoint_step": 0,
+                 "model_kind": fmt.name},
+  }
 
 
 def tokenizer_spec(tokenizer_cfg, tokenizer) -> dict[str, Any]:
@@ -110,6 +148,13 @@ def read_section(path: str | pathlib.Path) -> dict[str, Any]:
   """
   config = read_config(path) or {}
   found = config.get(SECTION)
+  if found is None and config:
+    try:
+      is_released = released.detect(config) is not None
+    except ValueError:
+      is_released = True
+    if is_released:
+      found = released_section(pathlib.Path(path), config)
   where = f"{pathlib.Path(path) / CONFIG_FILE} {SECTION}"
   if not isinstance(found, dict):
     raise errors.UsageError(f"{where}: missing (not an exported directory)")

@@ -60,6 +60,30 @@ def build_model(model_cfg, *, seed: int, mesh: jax.sharding.Mesh | None = None):
 model_vocab_size = models_lib.model_vocab_size
 
 
+def check_released_settings(model_cfg, diffusion) -> None:
+  """A released checkpoint's (`model.path`) block diffusion = the recipe's.
+
+  A no-op for other models (`models.released.check_diffusion`).
+
+  Raises:
+    UsageError: naming the `diffusion` key to set, or a refused variant.
+  """
+  if not str(model_cfg.kind).endswith("_hf") or not model_cfg.get("path"):
+    return
+  from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.models import released  # pylint: disable=g-import-not-at-top
+
+  try:
+    hf_config = checkpoints.read_hf_config(model_cfg.path)
+  except FileNotFoundError as e:
+    raise errors.MissingFileError(str(e)) from None
+  try:
+    if released.detect(hf_config) is not None:
+      released.check_diffusion(hf_config, model_cfg.path, diffusion)
+  except ValueError as e:
+    raise errors.UsageError(f"model.path={model_cfg.path}: {e}") from None
+
+
 def lora_enabled(lora_cfg) -> bool:
   """Whether a recipe's `lora` section asks for LoRA (null: no)."""
   return lora_cfg is not None and bool(lora_cfg.get("enabled", True))

@@ -20,6 +20,8 @@ from tunix.models.llama3 import model as llama3_lib
 from tunix.models.qwen2 import model as qwen2_lib
 from tunix.models.qwen3 import model as qwen3_lib
 
+from tunix_blockdiff.models import hf_configs
+
 # One parameter -> [(HF key, tensor)]: Gemma3's fused q/k/v weights become
 # two or three HF tensors, every other parameter one.
 ParamToHF = Callable[[tuple, np.ndarray], list[tuple[str, np.ndarray]]]
@@ -164,6 +166,9 @@ def qwen3_hf_config(config, **extra: Any) -> dict[str, Any]:
       **_dense_config(
           config, "qwen3", "Qwen3ForCausalLM", config.use_tied_embedding
       ),
+      # The base the model computes with (google-tunix 0.1.7's Qwen3 applies
+      # its default whatever `config.rope_theta` says).
+      "rope_theta": hf_configs.qwen3_applied_rope_theta(config),
       "attention_bias": False,
       "torch_dtype": "float32",
       **extra,

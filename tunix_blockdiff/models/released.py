@@ -1,0 +1,208 @@
+"""Released block-diffusion checkpoints: their formats, read onto Tunix.
+
+SDAR (JetAstra; its RL-trained TraDo models share the format) and
+Fast-dLLM v2 (NVlabs) publish Qwen-architecture transformers that generate
+by block diffusion: a Qwen3 or Qwen2.5 body, a mask token, a block size and
+a logit alignment. This module says, per format, how a `config.json` is
+recognised (`model_type` or `architectures`), which Tunix family it loads
+as, and the block-diffusion settings and decoding defaults that go with it:
+
+| format         | family | block | alignment       | decoding default        |
+|----------------|--------|-------|-----------------|-------------------------|
+| `sdar`         | qwen3  | 4     | `same_position` | threshold 0.85, >= 1/step |
+| `fast_dllm_v2` | qwen2  | 32    | `shifted`       | threshold 0.9           |
+
+The weights are the base family's own Hugging Face names, so loading is the
+family's loader on a `config.json` rewritten to the base `model_type`
+(`base_config`). A variant the package cannot represent is refused in one
+line naming the field (`detect`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class ReleasedFormat:
+  """One released checkpoint format.
+
+  Attributes:
+    name: Registry name (`sdar`, `fast_dllm_v2`).
+    family: The Tunix family its body loads as (`hf_configs.FAMILIES`).
+    base_model_type: That family's Hugging Face `model_type`.
+    model_types: `config.json` `model_type` values of this format.
+    architectures: `config.json` `architectures` entries of this format.
+    block_size_key: The `config.json` key holding the block size.
+    default_block_size: The block size when the key is absent.
+    default_mask_token_id: The mask id when neither `mask_token_id` nor the
+      tokenizer's mask token gives one (None: required).
+    alignment: `same_position` or `shifted`.
+    decoding: `generate`'s defaults (threshold, steps_per_block,
+      temperature, max_new_tokens), from the format's reference decoder.
+    refused: `model_type` values of this family the package refuses, with
+      why.
+  """
+
+  name: str
+  family: str
+  base_model_type: str
+  model_types: tuple[str, ...]
+  architectures: tuple[str, ...]
+  block_size_key: str
+  default_block_size: int
+  default_mask_token_id: int | None
+  alignment: str
+  decoding: Mapping[str, Any]
+  refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+
+FORMATS = {
+    "sdar": ReleasedFormat(
+        name="sdar",
+        family="qwen3",
+        base_model_type="qwen3",
+        model_types=("sdar",),
+        architectures=("SDARForCausalLM",),
+        block_size_key="block_size",
+        default_block_size=4,
+        default_mask_token_id=None,
+        alignment="same_position",
+        # SDAR's generate.py: block 4, low_confidence_dynamic with
+        # threshold 0.85 (every slot above it, else the most confident).
+        decoding={"threshold": 0.85, "steps_per_block": None,
+                  "temperature": 0.0, "max_new_tokens": None},
+        refused={"sdar_moe": "mixture-of-experts SDAR (30B-A3B) is not"
+                 " supported: this package loads dense Qwen3 only"},
+    ),
+    "fast_dllm_v2": ReleasedFormat(
+        name="fast_dllm_v2",
+        family="qwen2",
+        base_model_type="qwen2",
+        model_types=("Fast_dLLM_Qwen", "fast_dllm_qwen"),
+        architectures=("Fast_dLLM_QwenForCausalLM",),
+        block_size_key="bd_size",
+        default_block_size=32,
+        default_mask_token_id=151665,
+        alignment="shifted",
+        # Fast-dLLM v2's generate: block 32, threshold 0.9 (its sub-blocks
+        # of 8 are decoded in turn; here the whole block is the window).
+        decoding={"threshold": 0.9, "steps_per_block": None,
+                  "temperature": 0.0, "max_new_tokens": None},
+    ),
+}
+
+
+def detect(hf_config: Mapping[str, Any]) -> ReleasedFormat | None:
+  """The released format of a `config.json`, or None for a plain model.
+
+  Raises:
+    ValueError: A refused variant of a known format, naming `model_type`.
+  """
+  model_type = hf_config.get("model_type")
+  architectures = tuple(hf_config.get("architectures") or ())
+  for fmt in FORMATS.values():
+    if model_type in fmt.refused:
+      raise ValueError(
+          f"config.json model_type={model_type!r}: {fmt.refused[model_type]}")
+    if model_type in fmt.model_types or set(architectures) & set(
+        fmt.architectures):
+      return fmt
+  return None
+
+
+def base_config(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+  """`hf_config` as its base family's `config.json` (others: unchanged)."""
+  fmt = detect(hf_config)
+  if fmt is None:
+    return dict(hf_config)
+  return {**hf_config, "model_type": fmt.base_model_type}
+
+
+def _tokenizer_mask_id(path: pathlib.Path | None) -> int | None:
+  """The id of the tokenizer's mask token, from the directory's files."""
+  if path is None:
+    return None
+  try:
+    token = json.loads((path / "tokenizer_config.json").read_text()).get(
+        "mask_token")
+    if isinstance(token, dict):
+      token = token.get("content")
+    vocab = json.loads((path / "tokenizer.json").read_text())
+  except (OSError, json.JSONDecodeError):
+    return None
+  for added in vocab.get("added_tokens", []):
+    if token is not None and added.get("content") == token:
+      return int(added["id"])
+  return None
+
+
+def diffusion_settings(
+    hf_config: Mapping[str, Any], path: str | pathlib.Path | None = None
+) -> dict[str, Any]:
+  """`BlockDiffusionConfig` fields of a released checkpoint.
+
+  `block_size` from the format's key (else its default), `mask_token_id`
+  from `config.json`, else the tokenizer's mask token in `path`, else the
+  format's default; `alignment` is the format's.
+
+  Raises:
+    ValueError: Not a released format, or no mask token id to be found.
+  """
+  fmt = detect(hf_config)
+  if fmt is None:
+    raise ValueError("config.json is not a released block-diffusion format"
+                     f" (model_type {hf_config.get('model_type')!r})")
+  mask = hf_config.get("mask_token_id")
+  if mask is None:
+    mask = _tokenizer_mask_id(
+        None if path is None else pathlib.Path(path).expanduser())
+  if mask is None:
+    mask = fmt.default_mask_token_id
+  if mask is None:
+    raise ValueError(
+        f"config.json mask_token_id: missing, and the tokenizer has no mask"
+        f" token; a {fmt.name} checkpoint needs one")
+  block = hf_config.get(fmt.block_size_key, fmt.default_block_size)
+  if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+    raise ValueError(
+        f"config.json {fmt.block_size_key} must be a positive int, got"
+        f" {block!r}")
+  return {"block_size": block, "mask_token_id": int(mask),
+          "alignment": fmt.alignment}
+
+
+def check_diffusion(hf_config: Mapping[str, Any], path, diffusion) -> None:
+  """Refuses a recipe whose block diffusion differs from the checkpoint's.
+
+  Fine-tuning a released checkpoint under another mask token, block size or
+  alignment would train a different model than the one it is.
+
+  Args:
+    hf_config: The checkpoint's `config.json` (a released format).
+    path: Its directory (for a mask token read from the tokenizer).
+    diffusion: The recipe's `BlockDiffusionConfig`.
+
+  Raises:
+    ValueError: naming `diffusion.<key>`, the recipe's and the checkpoint's
+      values.
+  """
+  fmt = detect(hf_config)
+  for key, value in diffusion_settings(hf_config, path).items():
+    if getattr(diffusion, key) != value:
+      raise ValueError(
+          f"diffusion.{key}={getattr(diffusion, key)!r} differs from the"
+          f" {fmt.name} checkpoint's {value!r}; set diffusion.{key}={value}")
+
+
+__all__ = [
+    "FORMATS",
+    "ReleasedFormat",
+    "base_config",
+    "check_diffusion",
+    "detect",
+    "diffusion_settings",
+]
