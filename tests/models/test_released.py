@@ -53,18 +53,17 @@ def test_each_format_is_recognised_and_mapped():
   assert released.base_config(sdar)["model_type"] == "qwen3"
   assert released.base_config(fast)["model_type"] == "qwen2"
   assert released.diffusion_settings(sdar) == {
-      "block_size": 4, "mask_token_id": 63, "alignment": "same_position"}
+      "block_size": 4, "mask_token_id": 63, "alignment": "same_position",
+      "canvas": "all_masked"}
   assert released.diffusion_settings(fast) == {
-      "block_size": 4, "mask_token_id": 63, "alignment": "shifted"}
+      "block_size": 4, "mask_token_id": 63, "alignment": "shifted",
+      "canvas": "seed_and_mask"}
   # Fast-dLLM v2's released configs have no mask key: its code's default.
   del fast["mask_token_id"]
   assert released.diffusion_settings(fast)["mask_token_id"] == 151665
-  # Each default is a valid BlockDiffusionConfig with its canvas.
-  canvas = {"same_position": "all_masked", "shifted": "seed_and_mask"}
+  # Each format's settings make a valid BlockDiffusionConfig.
   for config in (sdar, fast):
-    settings = released.diffusion_settings(config)
-    config_lib.BlockDiffusionConfig(
-        **settings, canvas=canvas[settings["alignment"]])
+    config_lib.BlockDiffusionConfig(**released.diffusion_settings(config))
 
 
 def test_unsupported_variants_and_missing_fields_are_refused(tmp_path):
@@ -100,10 +99,10 @@ def test_the_mask_token_comes_from_the_tokenizer_when_config_lacks_it(
 @hypothesis.settings(max_examples=25, deadline=None)
 @hypothesis.given(
     block=st.integers(1, 64), mask=st.integers(0, 10**6),
-    alignment=st.sampled_from(["same_position", "shifted"]),
     key=st.sampled_from(["block_size", "mask_token_id", "alignment"]))
 def test_a_recipe_that_differs_from_the_checkpoint_is_refused(
-    block, mask, alignment, key):
+    block, mask, key):
+  # (the canvas follows the alignment: changing one changes both)
   config = {"model_type": "sdar", "block_size": block, "mask_token_id": mask}
   canvas = "all_masked"
   own = config_lib.BlockDiffusionConfig(

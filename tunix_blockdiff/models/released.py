@@ -41,6 +41,9 @@ class ReleasedFormat:
     default_mask_token_id: The mask id when neither `mask_token_id` nor the
       tokenizer's mask token gives one (None: required).
     alignment: `same_position` or `shifted`.
+    canvas: The canvas that pairs with it (`all_masked`, or
+      `seed_and_mask`: the clean first slot a shifted model's block starts
+      from, the token Fast-dLLM v2 appends from the previous block).
     decoding: `generate`'s defaults (threshold, steps_per_block,
       temperature, max_new_tokens), from the format's reference decoder.
     refused: `model_type` values of this family the package refuses, with
@@ -56,6 +59,7 @@ class ReleasedFormat:
   default_block_size: int
   default_mask_token_id: int | None
   alignment: str
+  canvas: str
   decoding: Mapping[str, Any]
   refused: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
@@ -71,6 +75,7 @@ FORMATS = {
         default_block_size=4,
         default_mask_token_id=None,
         alignment="same_position",
+        canvas="all_masked",
         # SDAR's generate.py: block 4, low_confidence_dynamic with
         # threshold 0.85 (every slot above it, else the most confident).
         decoding={"threshold": 0.85, "steps_per_block": None,
@@ -88,6 +93,7 @@ FORMATS = {
         default_block_size=32,
         default_mask_token_id=151665,
         alignment="shifted",
+        canvas="seed_and_mask",
         # Fast-dLLM v2's generate: block 32, threshold 0.9 (its sub-blocks
         # of 8 are decoded in turn; here the whole block is the window).
         decoding={"threshold": 0.9, "steps_per_block": None,
@@ -147,7 +153,7 @@ def diffusion_settings(
 
   `block_size` from the format's key (else its default), `mask_token_id`
   from `config.json`, else the tokenizer's mask token in `path`, else the
-  format's default; `alignment` is the format's.
+  format's default; `alignment` and its `canvas` are the format's.
 
   Raises:
     ValueError: Not a released format, or no mask token id to be found.
@@ -172,7 +178,7 @@ def diffusion_settings(
         f"config.json {fmt.block_size_key} must be a positive int, got"
         f" {block!r}")
   return {"block_size": block, "mask_token_id": int(mask),
-          "alignment": fmt.alignment}
+          "alignment": fmt.alignment, "canvas": fmt.canvas}
 
 
 def check_diffusion(hf_config: Mapping[str, Any], path, diffusion) -> None:
