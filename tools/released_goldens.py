@@ -15,7 +15,11 @@ fixed inputs under the format's inference attention mask are written to
 - Fast-dLLM v2 (`--fast-dllm-code`: a directory holding its
   `configuration.py` and `modeling.py`, e.g. a downloaded
   Efficient-Large-Model/Fast_dLLM_v2_7B): its eval forward, which builds
-  its own block-causal mask (`block_size` 4 here).
+  its own block-causal mask (`block_size` 4 here);
+- dllm's A2D Qwen3 (`--a2d-code`: a directory holding dllm's
+  `dllm/pipelines/a2d/models/qwen3/modeling_qwen3.py`): its forward under
+  the staircase mask its BD3LM sampler builds (block 4). Its code needs
+  transformers >= 4.56, so run this one from a second venv.
 
 The reference code is imported from those directories at run time (copied
 into a temporary package, never into this repository). Two imports have
@@ -32,6 +36,9 @@ written for transformers 4.52):
   /tmp/goldvenv/bin/pip install torch "transformers==4.52.4" safetensors einops
   /tmp/goldvenv/bin/python tools/released_goldens.py \\
       --sdar-code ~/models/SDAR-1.7B-Chat --fast-dllm-code ~/models/Fast_dLLM_v2_7B
+  python -m venv /tmp/goldvenv2
+  /tmp/goldvenv2/bin/pip install torch "transformers==4.57.6" safetensors
+  /tmp/goldvenv2/bin/python tools/released_goldens.py --a2d-code DLLM_A2D_QWEN3_DIR
 
 Rerunning rewrites the files bit for bit (fixed seeds, float32, CPU).
 """
@@ -212,10 +219,30 @@ def fast_dllm_v2(code: pathlib.Path) -> None:
   _save(model, OUT / "fast_dllm_v2", tokens, positions, mask, logits)
 
 
+def a2d_qwen3(code: pathlib.Path) -> None:
+  """dllm's A2D Qwen3 forward under its BD3LM sampler's staircase mask."""
+  _package(code, ["modeling_qwen3.py"], "a2d_reference", {})
+  modeling = importlib.import_module("a2d_reference.modeling_qwen3")
+  config = modeling.A2DQwen3Config(
+      **SIZES, head_dim=8, attention_bias=False, use_sliding_window=False,
+      sliding_window=None, torch_dtype="float32", mask_token_id=MASK)
+  torch.manual_seed(0)
+  model = modeling.A2DQwen3LMHeadModel(config).eval()
+  _randomize(model, seed=5)
+  tokens, positions, mask = _inputs(seed=6)
+  with torch.no_grad():
+    logits = model(input_ids=torch.from_numpy(tokens),
+                   attention_mask=torch.from_numpy(mask[:, None]),
+                   position_ids=torch.from_numpy(positions),
+                   use_cache=False).logits.numpy()
+  _save(model, OUT / "a2d_qwen3", tokens, positions, mask, logits)
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sdar-code", type=pathlib.Path, default=None)
   parser.add_argument("--fast-dllm-code", type=pathlib.Path, default=None)
+  parser.add_argument("--a2d-code", type=pathlib.Path, default=None)
   args = parser.parse_args()
   torch.set_default_dtype(torch.float32)
   _stub_flash_attn()
@@ -223,6 +250,8 @@ def main() -> None:
     sdar(args.sdar_code.expanduser())
   if args.fast_dllm_code:
     fast_dllm_v2(args.fast_dllm_code.expanduser())
+  if args.a2d_code:
+    a2d_qwen3(args.a2d_code.expanduser())
 
 
 if __name__ == "__main__":

@@ -23,7 +23,8 @@ from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import released
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data" / "released"
-FAMILY_CLASS = {"sdar": qwen3_lib.Qwen3, "fast_dllm_v2": qwen2_lib.Qwen2}
+FAMILY_CLASS = {"sdar": qwen3_lib.Qwen3, "fast_dllm_v2": qwen2_lib.Qwen2,
+                "a2d_qwen3": qwen3_lib.Qwen3}
 
 
 @pytest.mark.parametrize("name", sorted(FAMILY_CLASS))
@@ -120,3 +121,21 @@ def test_a_recipe_that_differs_from_the_checkpoint_is_refused(
   with pytest.raises(ValueError, match=f"diffusion.{key}="):
     released.check_diffusion(
         config, None, config_lib.BlockDiffusionConfig(**fields))
+
+
+def test_a2d_conversions_take_the_recipes_block_size():
+  config = {"model_type": "a2d-qwen3", "mask_token_id": 7}
+  fmt = released.detect(config)
+  assert (fmt.name, fmt.family) == ("a2d_qwen3", "qwen3")
+  assert released.base_config(config)["model_type"] == "qwen3"
+  assert released.detect({"model_type": "a2d-llama"}).family == "llama3"
+  assert released.base_config({"model_type": "a2d-llama"})[
+      "model_type"] == "llama"
+  assert released.diffusion_settings(config)["block_size"] == 32
+  # The checkpoint records no block size: any recipe block is accepted,
+  # the mask token and alignment are still checked.
+  released.check_diffusion(config, None, config_lib.BlockDiffusionConfig(
+      block_size=8, mask_token_id=7))
+  with pytest.raises(ValueError, match="diffusion.mask_token_id=8"):
+    released.check_diffusion(config, None, config_lib.BlockDiffusionConfig(
+        block_size=8, mask_token_id=8))

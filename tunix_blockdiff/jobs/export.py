@@ -235,14 +235,16 @@ def _with_base_config(cfg, hf_config: dict[str, Any]) -> dict[str, Any]:
   if fmt is not None:
     base.pop(exported.SECTION, None)
     diffusion = common.diffusion_config_from(cfg.diffusion)
-    return {
+    merged = {
         **base,
         **hf_config,
         "model_type": base["model_type"],
         "architectures": base.get("architectures") or list(fmt.architectures),
-        fmt.block_size_key: diffusion.block_size,
         "mask_token_id": diffusion.mask_token_id,
     }
+    if fmt.block_size_key is not None:
+      merged[fmt.block_size_key] = diffusion.block_size
+    return merged
   if base.get("model_type") != hf_config["model_type"]:
     return hf_config  # e.g. a multimodal gemma3 whose text part was loaded
   base.pop(exported.SECTION, None)

@@ -11,6 +11,11 @@ as, and the block-diffusion settings and decoding defaults that go with it:
 |----------------|--------|-------|-----------------|-------------------------|
 | `sdar`         | qwen3  | 4     | `same_position` | threshold 0.85, >= 1/step |
 | `fast_dllm_v2` | qwen2  | 32    | `shifted`       | threshold 0.9           |
+| `a2d_qwen3` (`a2d_qwen2`, `a2d_llama`) | qwen3 (qwen2, llama3) | 32* | `same_position` | 1 token per step (static) |
+
+*dllm's A2D checkpoints (Tiny-A2D: Qwen3-0.6B as BD3LM or MDLM) do not
+record a block size: 32 is its BD3LM sampler's default, and a recipe may set
+another (an MDLM checkpoint was trained over whole sequences).
 
 The weights are the base family's own Hugging Face names, so loading is the
 family's loader on a `config.json` rewritten to the base `model_type`
@@ -36,7 +41,8 @@ class ReleasedFormat:
     base_model_type: That family's Hugging Face `model_type`.
     model_types: `config.json` `model_type` values of this format.
     architectures: `config.json` `architectures` entries of this format.
-    block_size_key: The `config.json` key holding the block size.
+    block_size_key: The `config.json` key holding the block size (None:
+      the format does not record one; a recipe's own is then accepted).
     default_block_size: The block size when the key is absent.
     default_mask_token_id: The mask id when neither `mask_token_id` nor the
       tokenizer's mask token gives one (None: required).
@@ -55,7 +61,7 @@ class ReleasedFormat:
   base_model_type: str
   model_types: tuple[str, ...]
   architectures: tuple[str, ...]
-  block_size_key: str
+  block_size_key: str | None
   default_block_size: int
   default_mask_token_id: int | None
   alignment: str
@@ -100,6 +106,30 @@ FORMATS = {
                   "temperature": 0.0, "max_new_tokens": None},
     ),
 }
+# dllm's AR-to-diffusion (A2D) conversions: the AR body, bidirectional
+# within the blocks its BD3LM sampler passes as a staircase mask, the
+# tokenizer's mask token, no shift; its sampler commits a fixed number of
+# the most confident slots per step (1 at its defaults: 128 steps, 128 new
+# tokens, blocks of 32).
+for _name, _family, _type, _arch in (
+    ("a2d_qwen3", "qwen3", "a2d-qwen3", "A2DQwen3LMHeadModel"),
+    ("a2d_qwen2", "qwen2", "a2d-qwen2", "A2DQwen2LMHeadModel"),
+    ("a2d_llama", "llama3", "a2d-llama", "A2DLlamaLMHeadModel"),
+):
+  FORMATS[_name] = ReleasedFormat(
+      name=_name,
+      family=_family,
+      base_model_type={"llama3": "llama"}.get(_family, _family),
+      model_types=(_type,),
+      architectures=(_arch,),
+      block_size_key=None,
+      default_block_size=32,
+      default_mask_token_id=None,
+      alignment="same_position",
+      canvas="all_masked",
+      decoding={"threshold": 0.9, "steps_per_block": 32,
+                "temperature": 0.0, "max_new_tokens": None},
+  )
 
 
 def detect(hf_config: Mapping[str, Any]) -> ReleasedFormat | None:
@@ -172,7 +202,8 @@ def diffusion_settings(
     raise ValueError(
         f"config.json mask_token_id: missing, and the tokenizer has no mask"
         f" token; a {fmt.name} checkpoint needs one")
-  block = hf_config.get(fmt.block_size_key, fmt.default_block_size)
+  block = (fmt.default_block_size if fmt.block_size_key is None else
+           hf_config.get(fmt.block_size_key, fmt.default_block_size))
   if isinstance(block, bool) or not isinstance(block, int) or block < 1:
     raise ValueError(
         f"config.json {fmt.block_size_key} must be a positive int, got"
@@ -198,6 +229,8 @@ def check_diffusion(hf_config: Mapping[str, Any], path, diffusion) -> None:
   """
   fmt = detect(hf_config)
   for key, value in diffusion_settings(hf_config, path).items():
+    if key == "block_size" and fmt.block_size_key is None:
+      continue  # not recorded by the checkpoint: the recipe's own
     if getattr(diffusion, key) != value:
       raise ValueError(
           f"diffusion.{key}={getattr(diffusion, key)!r} differs from the"
