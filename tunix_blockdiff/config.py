@@ -131,6 +131,10 @@ class DenoiseConfig:
       position 0 must be prompt).
     steps_per_block: Optional static schedule: each block takes at most this
       many steps, committing ceil(left / steps left) slots per step.
+    sub_block_size: Optional sub-blocks (Fast-dLLM v2's small blocks): only
+      the masked slots of the first sub-block of the active block that
+      still has any are eligible at a step (threshold mode; a divisor of
+      `block_size`); the model still sees the whole block.
     temperature: 0 for greedy proposals, > 0 to sample.
     top_k: Optional top-k filter for sampling (>= 1).
     top_p: Optional nucleus filter for sampling (0 < top_p <= 1).
@@ -149,6 +153,7 @@ class DenoiseConfig:
   top_p: float | None = None
   eos_token_id: int | None = None
   pad_token_id: int = 0
+  sub_block_size: int | None = None
 
   def __post_init__(self):
     _check_int("block_size", self.block_size, 1)
@@ -158,6 +163,16 @@ class DenoiseConfig:
       raise ValueError(f"threshold must satisfy 0 < threshold <= 1, got {threshold}")
     _check_choice("alignment", self.alignment, ALIGNMENTS)
     _check_optional_int("steps_per_block", self.steps_per_block, 1)
+    _check_optional_int("sub_block_size", self.sub_block_size, 1)
+    if self.sub_block_size is not None:
+      if self.block_size % self.sub_block_size:
+        raise ValueError(
+            f"sub_block_size ({self.sub_block_size}) must divide block_size"
+            f" ({self.block_size})")
+      if self.steps_per_block is not None:
+        raise ValueError(
+            "sub_block_size takes the threshold rule: set steps_per_block to"
+            " None")
     temperature = _check_float("temperature", self.temperature)
     if temperature < 0.0:
       raise ValueError(f"temperature must be >= 0, got {temperature}")

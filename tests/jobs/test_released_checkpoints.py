@@ -17,6 +17,7 @@ from tunix_blockdiff import cli
 from tunix_blockdiff import errors
 from tunix_blockdiff.jobs import sft
 from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import exported
 
 _TESTS = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(_TESTS / "data"))
@@ -122,7 +123,13 @@ def test_generate_reads_a_fast_dllm_v2_directory(tmp_path):
   directory = tmp_path / "Fast_dLLM_tiny"
   shutil.copytree(_TESTS / "data" / "released" / "fast_dllm_v2", directory)
   hf_tokenizer.write_tiny_hf_tokenizer(directory)
-  assert cli.main(["generate", str(directory), "prompts=[what is 1+1?]",
-                   "max_new_tokens=8", "color=false"]) == 0
-  out = json.loads((directory / "generate.json").read_text())
-  assert out["committed_tokens"] > 0
+  # Its default sub-blocks of 8 do not fit this checkpoint's blocks of 4.
+  assert exported.read_section(directory)["decoding"]["sub_block_size"] is None
+  for options in ([], ["sub_block_size=2"]):
+    assert cli.main(["generate", str(directory), "prompts=[what is 1+1?]",
+                     "max_new_tokens=8", "color=false", *options]) == 0
+    out = json.loads((directory / "generate.json").read_text())
+    assert out["committed_tokens"] > 0
+  # A sub-block that does not divide the block: one line, exit status 2.
+  assert cli.main(["generate", str(directory), "prompts=[hi]",
+                   "max_new_tokens=8", "sub_block_size=3"]) == 2

@@ -57,6 +57,17 @@ CONFIGS = {
         temperature=0.8,
         top_k=4,
     ),
+    # Fast-dLLM v2's sub-blocks: blocks of 4 in two sub-blocks of 2 (the
+    # prompt ends inside the first block, so its one completion slot is a
+    # partial sub-block); only the first sub-block with masked slots takes
+    # part in a step.
+    "sub-blocks-threshold": config_lib.DenoiseConfig(
+        block_size=4,
+        mask_token_id=MASK,
+        threshold=0.3,
+        temperature=0.8,
+        sub_block_size=2,
+    ),
     # Static schedule: 2 slots, then 1.
     "static-topk-topp": config_lib.DenoiseConfig(
         block_size=BLOCK,
@@ -83,6 +94,17 @@ def _model():
   )
 
 
+# Configs whose every trajectory `_all_trajectories` enumerates (one block of
+# BLOCK slots) but which the frequency test does not take: sub-blocks of one
+# slot commit the first masked slot at every step (exact likelihood =
+# committed-only, so that test's control cannot fail).
+SUM_ONLY = {
+    "sub-blocks-of-1": config_lib.DenoiseConfig(
+        block_size=BLOCK, mask_token_id=MASK, threshold=0.4,
+        temperature=0.8, sub_block_size=1),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _rollouts(name: str) -> cached.GenerationResult:
   return tbd.generate(
@@ -90,7 +112,7 @@ def _rollouts(name: str) -> cached.GenerationResult:
       np.tile(PROMPT, (ROWS, 1)),
       np.full((ROWS,), PROMPT.size, np.int32),
       CONFIGS[name],
-      max_new_tokens=BLOCK,
+      max_new_tokens=CONFIGS[name].block_size,
       rng=jax.random.key(0),
       use_cache=False,
   )
@@ -133,7 +155,8 @@ def test_trajectory_frequencies_match_the_exact_likelihood(name):
   config = CONFIGS[name]
   result = _rollouts(name)
   steps = np.asarray(result.trace_commit_step)
-  counts = np.stack([np.sum(steps == s, axis=1) for s in range(BLOCK)], 1)
+  counts = np.stack(
+      [np.sum(steps == s, axis=1) for s in range(steps.shape[1])], 1)
   multi = np.mean(counts.max(axis=1) >= 2)
   single = np.mean(np.any(counts == 1, axis=1))
   # The schedule under test really happens: threshold decoding has both
@@ -207,9 +230,10 @@ def _all_trajectories():
   )
 
 
-@pytest.mark.parametrize("name", ["forced-topk", "static-topk-topp"])
+@pytest.mark.parametrize(
+    "name", ["forced-topk", "static-topk-topp", "sub-blocks-of-1"])
 def test_probabilities_of_all_trajectories_sum_to_one(name):
-  config = CONFIGS[name]
+  config = {**CONFIGS, **SUM_ONLY}[name]
   tokens, steps = _all_trajectories()
   rows = tokens.shape[0]
   logps = likelihood.score_trajectories_jit(
@@ -243,6 +267,10 @@ STEP_CONFIGS = {
     ),
     "static-2": config_lib.DenoiseConfig(
         block_size=3, mask_token_id=3, steps_per_block=2, temperature=1.0
+    ),
+    "sub-blocks-of-1": config_lib.DenoiseConfig(
+        block_size=3, mask_token_id=3, threshold=0.3, temperature=1.0,
+        sub_block_size=1,
     ),
     "static-3": config_lib.DenoiseConfig(
         block_size=3, mask_token_id=3, steps_per_block=3, temperature=1.0

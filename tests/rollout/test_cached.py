@@ -357,6 +357,9 @@ def test_generate_validation(kwargs, error, match):
         (3, 2, 9, dict(steps_per_block=2)),  # prompts narrower than a block
         (8, 9, 11, dict(threshold=0.3, alignment="shifted", temperature=1.0,
                         eos_token_id=5)),
+        # Fast-dLLM v2's rule: sub-blocks inside the window.
+        (8, 6, 13, dict(threshold=0.3, alignment="shifted", temperature=1.0,
+                        sub_block_size=2)),
     ],
 )
 def test_other_block_sizes_match_the_cacheless_program(

@@ -44,3 +44,45 @@ def test_propose_is_the_argmax_of_proposal_log_probs(seed, temperature, top_k,
   want = jnp.take_along_axis(log_probs, proposal[..., None], axis=-1)[..., 0]
   np.testing.assert_array_equal(log_prob, want)
   assert not np.any(np.asarray(proposal) == vocab - 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**16), sub=st.sampled_from([1, 2, 4]),
+       threshold=st.floats(0.05, 1.0))
+def test_sub_blocks_commit_only_in_the_first_sub_block_with_masked_slots(
+    seed, sub, threshold):
+  rng = np.random.default_rng(seed)
+  batch, width = 3, 8
+  config = config_lib.DenoiseConfig(block_size=width, mask_token_id=0,
+                                    threshold=threshold, sub_block_size=sub)
+  eligible = rng.random((batch, width)) < 0.6
+  confidence = rng.random((batch, width)).astype(np.float32)
+  positions = np.broadcast_to(np.arange(width) + 2 * width, (batch, width))
+  commit = np.asarray(transition.select_commits(
+      jnp.asarray(confidence), jnp.asarray(eligible), jnp.asarray(positions),
+      jnp.zeros((batch,), jnp.int32), config))
+  for row in range(batch):
+    if not eligible[row].any():
+      assert not commit[row].any()
+      continue
+    first = (np.flatnonzero(eligible[row])[0]) // sub
+    active = eligible[row] & (np.arange(width) // sub == first)
+    # A subset of the active sub-block's eligible slots, never empty; the
+    # threshold rule inside it.
+    assert commit[row].any() and not (commit[row] & ~active).any()
+    above = active & (confidence[row] > threshold)
+    if above.any():
+      np.testing.assert_array_equal(commit[row], above)
+    else:
+      best = np.flatnonzero(active)[np.argmax(confidence[row][active])]
+      assert commit[row].sum() == 1 and commit[row][best]
+
+
+def test_sub_blocks_must_divide_the_block_and_take_the_threshold_rule():
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  with pytest.raises(ValueError, match="sub_block_size .* must divide"):
+    config_lib.DenoiseConfig(block_size=8, mask_token_id=0, sub_block_size=3)
+  with pytest.raises(ValueError, match="steps_per_block to None"):
+    config_lib.DenoiseConfig(block_size=8, mask_token_id=0, sub_block_size=4,
+                             steps_per_block=2)

@@ -12,6 +12,8 @@ Keys (omegaconf dotlist):
   prompts=[...]        prompt strings (default: 4 held-out task prompts)
   threshold=0.9        confidence threshold
   steps_per_block=null static schedule (steps per block) instead
+  sub_block_size=null  sub-blocks: commit only in the block's first sub-block
+                       with masked slots (Fast-dLLM v2's small blocks)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)
@@ -49,6 +51,7 @@ DEFAULTS = {
     "prompts": None,
     "threshold": 0.9,
     "steps_per_block": None,
+    "sub_block_size": None,
     "temperature": 0.0,
     "max_new_tokens": None,
     "seed": 0,
@@ -239,16 +242,20 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
           " eval completion); pass max_new_tokens=N to change it",
           file=sys.stderr,
       )
-  denoise_config = config_lib.DenoiseConfig(
-      block_size=diffusion.block_size,
-      mask_token_id=diffusion.mask_token_id,
-      threshold=float(options.threshold),
-      alignment=diffusion.alignment,
-      steps_per_block=options.steps_per_block,
-      temperature=float(options.temperature),
-      eos_token_id=tokenizer.eos_id(),
-      pad_token_id=tokenizer.pad_id(),
-  )
+  try:
+    denoise_config = config_lib.DenoiseConfig(
+        block_size=diffusion.block_size,
+        mask_token_id=diffusion.mask_token_id,
+        threshold=float(options.threshold),
+        alignment=diffusion.alignment,
+        steps_per_block=options.steps_per_block,
+        sub_block_size=options.sub_block_size,
+        temperature=float(options.temperature),
+        eos_token_id=tokenizer.eos_id(),
+        pad_token_id=tokenizer.pad_id(),
+    )
+  except ValueError as e:
+    raise errors.UsageError(f"generate: {e}") from None
   from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
 
   # On a mesh the prompts are sharded over fsdp (padded to a multiple of it)

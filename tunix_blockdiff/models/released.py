@@ -10,7 +10,7 @@ as, and the block-diffusion settings and decoding defaults that go with it:
 | format         | family | block | alignment       | decoding default        |
 |----------------|--------|-------|-----------------|-------------------------|
 | `sdar`         | qwen3  | 4     | `same_position` | threshold 0.85, >= 1/step |
-| `fast_dllm_v2` | qwen2  | 32    | `shifted`       | threshold 0.9           |
+| `fast_dllm_v2` | qwen2  | 32    | `shifted`       | threshold 0.9, sub-blocks of 8 |
 | `a2d_qwen3` (`a2d_qwen2`, `a2d_llama`) | qwen3 (qwen2, llama3) | 32* | `same_position` | 1 token per step (static) |
 
 *dllm's A2D checkpoints (Tiny-A2D: Qwen3-0.6B as BD3LM or MDLM) do not
@@ -100,10 +100,11 @@ FORMATS = {
         default_mask_token_id=151665,
         alignment="shifted",
         canvas="seed_and_mask",
-        # Fast-dLLM v2's generate: block 32, threshold 0.9 (its sub-blocks
-        # of 8 are decoded in turn; here the whole block is the window).
+        # Fast-dLLM v2's generate: block 32 in sub-blocks of 8, threshold
+        # 0.9 (`DenoiseConfig.sub_block_size`).
         decoding={"threshold": 0.9, "steps_per_block": None,
-                  "temperature": 0.0, "max_new_tokens": None},
+                  "sub_block_size": 8, "temperature": 0.0,
+                  "max_new_tokens": None},
     ),
 }
 # dllm's AR-to-diffusion (A2D) conversions: the AR body, bidirectional

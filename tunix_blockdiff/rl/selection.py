@@ -11,6 +11,9 @@ did (C, and the tokens of C) is therefore
   prod_{i in C} p_i(x_i) x prod_{j not in C} P(c_j <= tau);
 * forced step (nothing above tau; C = {i}, the most confident):
   p_i(x_i) [c_i <= tau] x prod_{j != i} P(j ranks below i);
+* with `sub_block_size`, the eligible slots of a step are those of the
+  block's first sub-block that still had masked slots (a function of the
+  trace, so the likelihood stays exact);
 * static step (`steps_per_block`, |C| = k = ceil(eligible / steps left)):
   prod_{i in C} p_i(x_i) x prod_{j not in C} P(j ranks below every i in C),
 
@@ -38,6 +41,7 @@ import jax.numpy as jnp
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rl import scoring
+from tunix_blockdiff.rollout import transition
 
 # Fill of the masked logsumexp: finite, so an empty sum has finite gradients.
 _EMPTY_LOG = -1e30
@@ -101,6 +105,14 @@ def per_token_log_likelihood(
   # A step of slot n's block happened on canvas s.
   has_step = _group_reduce(same_block, committed, jnp.any, False)
   eligible = has_step & ((step_key[None] < 0) | (step_key[None] >= steps))
+  if config.sub_block_size is not None:
+    # Only the block's first sub-block that still had masked slots took
+    # part in the step (`transition.active_sub_block`).
+    sub = transition.sub_block_of(positions, config)[None]  # [1, B, N]
+    first = _group_reduce(same_block, jnp.where(eligible, sub,
+                                                config.block_size),
+                          jnp.min, config.block_size)
+    eligible = eligible & (sub == first)
   losers = eligible & ~committed
 
   safe_tokens = jnp.broadcast_to(
@@ -151,6 +163,10 @@ def per_token_log_likelihood(
   selection = _group_reduce(
       same_block, jnp.where(losers, loser_log_prob, 0.0), jnp.sum, 0.0
   )
+  if config.sub_block_size is not None:
+    # A commit outside the step's sub-block is impossible.
+    possible &= ~_group_reduce(same_block, committed & ~eligible, jnp.any,
+                               False)
   selection += jnp.where(possible, 0.0, scoring.LOGP_FLOOR)
   share = selection / jnp.maximum(count, 1)
   per_step = jnp.maximum(own_log_prob, scoring.LOGP_FLOOR) + share

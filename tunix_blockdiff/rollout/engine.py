@@ -79,6 +79,7 @@ class BlockDiffusionRollout(
       threshold: float = 0.9,
       alignment: str = "same_position",
       steps_per_block: int | None = None,
+      sub_block_size: int | None = None,
       max_tokens_to_generate: int | None = None,
       use_cache: bool = True,
       seed: int = 0,
@@ -103,6 +104,8 @@ class BlockDiffusionRollout(
       threshold: Confidence threshold of the denoiser (DESIGN.md 5.3).
       alignment: `same_position` or `shifted`.
       steps_per_block: Optional static schedule.
+      sub_block_size: Optional sub-blocks (`DenoiseConfig.sub_block_size`,
+        Fast-dLLM v2's rule); the scorer's exact likelihood follows it.
       max_tokens_to_generate: Overrides `RolloutConfig.max_tokens_to_generate`.
       use_cache: Block-KV-cached driver (True) or cacheless `denoise`.
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
@@ -139,6 +142,7 @@ class BlockDiffusionRollout(
         threshold=threshold,
         alignment=alignment,
         steps_per_block=steps_per_block,
+        sub_block_size=sub_block_size,
         eos_token_id=int(tokenizer.eos_id()),
         pad_token_id=int(tokenizer.pad_id()),
     )

@@ -200,6 +200,29 @@ def propose(
   return proposal, log_prob
 
 
+def sub_block_of(positions: jax.Array, config: config_lib.DenoiseConfig):
+  """int32 sub-block index of each logical position within its block."""
+  return (positions % config.block_size) // config.sub_block_size
+
+
+def active_sub_block(
+    eligible: jax.Array,
+    positions: jax.Array,
+    config: config_lib.DenoiseConfig,
+) -> jax.Array:
+  """`eligible` [B, W] cut to each row's first sub-block that has any.
+
+  The identity without `sub_block_size`. Rows' windows are one block, so
+  the first sub-block is the lowest index among eligible slots.
+  """
+  if config.sub_block_size is None:
+    return eligible
+  sub = sub_block_of(positions, config)
+  first = jnp.min(jnp.where(eligible, sub, config.block_size), axis=-1,
+                  keepdims=True)
+  return eligible & (sub == first)
+
+
 def select_commits(
     confidence: jax.Array,
     eligible: jax.Array,
@@ -209,7 +232,9 @@ def select_commits(
 ) -> jax.Array:
   """Which eligible window slots to commit this step (DESIGN.md 5.3 step 3).
 
-  Threshold mode: every eligible slot with confidence strictly above
+  With `sub_block_size`, eligible slots are first cut to the row's first
+  sub-block that has any (`active_sub_block`). Threshold mode: every
+  eligible slot with confidence strictly above
   `threshold`; if none, the single most confident (ties: lowest logical
   position). Static mode (`steps_per_block = S`): the k most confident, k =
   ceil(eligible left / (S - steps already taken in this block)), ties ranked
@@ -226,6 +251,7 @@ def select_commits(
     bool [B, W], a subset of `eligible` with at least one slot in every row
     that has an eligible slot.
   """
+  eligible = active_sub_block(eligible, positions, config)
   conf_i = confidence[:, :, None]
   conf_j = confidence[:, None, :]
   pos_i = positions[:, :, None]

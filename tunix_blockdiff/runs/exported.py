@@ -8,7 +8,8 @@ generate. Keys (docs/export.md):
   block_size, mask_token_id, alignment, canvas, stream, ...
                  the run's `diffusion` section (`BlockDiffusionConfig`)
   decoding       generate's defaults from the run: threshold, steps_per_block,
-                 temperature, max_new_tokens (the run's eval budget or null)
+                 sub_block_size, temperature, max_new_tokens (the run's eval
+                 budget or null)
   eval_prompts   up to 4 held-out prompts of the run: [{prompt, ids, answer}]
                  (generate's default prompts)
   eval_scored    whether generate scores exact match on them (a task run)
@@ -35,7 +36,8 @@ SECTION = "block_diffusion"
 VERSION = 1
 CONFIG_FILE = "config.json"
 NUM_EVAL_PROMPTS = 4
-DECODING_KEYS = ("threshold", "steps_per_block", "temperature", "max_new_tokens")
+DECODING_KEYS = ("threshold", "steps_per_block", "sub_block_size",
+                 "temperature", "max_new_tokens")
 
 
 def read_config(path: str | pathlib.Path) -> dict[str, Any] | None:
@@ -78,10 +80,15 @@ def released_section(path: pathlib.Path, config) -> dict[str, Any]:
     settings = released.diffusion_settings(config, path)
   except ValueError as e:
     raise errors.UsageError(f"{pathlib.Path(path) / CONFIG_FILE}: {e}") from None
+  decoding = dict(fmt.decoding)
+  sub = decoding.get("sub_block_size")
+  if sub is not None and (settings["block_size"] % sub
+                          or sub >= settings["block_size"]):
+    decoding["sub_block_size"] = None  # blocks no bigger than a sub-block
   return {
       "version": VERSION,
       **settings,
-      "decoding": dict(fmt.decoding),
+      "decoding": decoding,
       "eval_prompts": [],
       "eval_scored": False,
       "tokenizer": {"kind": "hf", "eos_token": None},

@@ -123,6 +123,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       mask_token_id=int(sft_cfg.diffusion.mask_token_id),
       alignment=str(sft_cfg.diffusion.alignment),
       threshold=float(cfg.rollout.threshold),
+      sub_block_size=cfg.rollout.get("sub_block_size"),
       seed=int(cfg.seed),
       attention=attention,
   )
