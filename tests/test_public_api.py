@@ -51,6 +51,9 @@ def test_denoise_config_fields_and_defaults():
       ("top_p", None),
       ("eos_token_id", None),
       ("pad_token_id", 0),
+      # Added after DESIGN.md's fields (Fast-dLLM v2's rule), so positional
+      # construction is unchanged.
+      ("sub_block_size", None),
   ]
 
 
