@@ -1,0 +1,95 @@
+"""FLOP and memory accounting of one training step (`sft_step.py`'s columns).
+
+`model_gflops` counts what MFU conventionally counts (6 per matmul
+parameter per token plus the attention mask's own pairs); `loss_gflops`
+is XLA's count of a lowered program; `peak_gib` the device's peak memory.
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+
+
+def loss_gflops(loss_fn, model, batch) -> float:
+  """XLA's FLOP count (GFLOP) of `grad(loss_fn)` on `batch`.
+
+  Counted on the lowered program (no compile: at real sizes on a TPU each
+  compile costs tens of seconds); a Pallas kernel counts as its own cost
+  estimate, or nothing where it has none, so this column compares programs
+  of one attention kind. The MFU column uses `model_gflops` instead. NaN
+  (printed `n/a`) where the backend gives no count before compiling (TPU).
+  """
+  graphdef, state = nnx.split(model)
+
+  def grad(state, batch):
+    return jax.grad(lambda s: loss_fn(nnx.merge(graphdef, s), batch))(state)
+
+  cost = jax.jit(grad).lower(state, batch).cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  if not cost or "flops" not in cost:  # a TPU's lowered programs have none
+    return float("nan")
+  return float(cost["flops"]) / 1e9
+
+
+def attended_pairs(stream: str | None, length: int, block: int) -> int:
+  """(query, key) pairs one row's attention mask allows.
+
+  Args:
+    stream: None for the causal step, else a block-diffusion stream.
+    length: L, the row's tokens.
+    block: The block size.
+
+  Returns:
+    Causal: L(L+1)/2. Single and clean-prefix (block-causal over L):
+    b^2 n(n+1)/2 with n = L/b blocks. Two-stream: the clean stream's
+    block-causal pairs plus each noised block's clean prefix and itself,
+    b^2 n(n+1).
+  """
+  if stream is None:
+    return length * (length + 1) // 2
+  n = length // block
+  pairs = block * block * n * (n + 1) // 2
+  return 2 * pairs if stream == "two_stream" else pairs
+
+
+def model_gflops(model, args, stream: str | None) -> float:
+  """Model FLOPs (GFLOP) of one step's forward and backward pass.
+
+  6 per matmul parameter per token (the output head counted once, tied or
+  not; the embedding lookup is free) plus 12 per attended (query, key) pair
+  per head dimension per layer (QK^T and PV, forward and backward), the
+  mask's own pairs (`attended_pairs`): the work a kernel that skips masked
+  tiles must do, the usual MFU convention.
+  """
+  config = model.config
+  params = sum(
+      x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  embed = config.vocab_size * config.embed_dim
+  matmul = params if config.use_tied_embedding else params - embed
+  tokens = args.batch * args.length * (2 if stream == "two_stream" else 1)
+  attention = (12 * config.num_layers * config.num_heads * config.head_dim
+               * args.batch * attended_pairs(stream, args.length, args.block))
+  return (6 * matmul * tokens + attention) / 1e9
+
+
+def causal_loss(model, batch):
+  return peft_trainer._default_loss_fn(model, **batch)  # pylint: disable=protected-access
+
+
+def diffusion_loss_for(stream, block, attention=None):
+  loss_fn = trainer_lib.make_diffusion_loss_fn(
+      config_lib.BlockDiffusionConfig(
+          block_size=block, mask_token_id=3, stream=stream
+      ),
+      attention,
+  )
+  return lambda model, batch: loss_fn(
+      model, **trainer_lib.diffusion_model_inputs(batch)
+  ).primary_loss.unreduced_sum
+
+
+def peak_gib() -> float:
+  """The device's peak bytes in use so far (GiB), NaN where not reported."""
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("peak_bytes_in_use", float("nan")) / 2**30
