@@ -1,8 +1,8 @@
 """FLOP and memory accounting of one training step (`sft_step.py`'s columns).
 
 `model_gflops` counts what MFU conventionally counts (6 per matmul
-parameter per token plus the attention mask's own pairs); `loss_gflops`
-is XLA's count of a lowered program; `peak_gib` the device's peak memory.
+parameter per token plus the attention mask's own pairs); `loss_gflops` is
+XLA's count of a lowered program; `peak_gib` the device's peak memory.
 """
 
 from __future__ import annotations
@@ -71,22 +71,6 @@ def model_gflops(model, args, stream: str | None) -> float:
   attention = (12 * config.num_layers * config.num_heads * config.head_dim
                * args.batch * attended_pairs(stream, args.length, args.block))
   return (6 * matmul * tokens + attention) / 1e9
-
-
-def causal_loss(model, batch):
-  return peft_trainer._default_loss_fn(model, **batch)  # pylint: disable=protected-access
-
-
-def diffusion_loss_for(stream, block, attention=None):
-  loss_fn = trainer_lib.make_diffusion_loss_fn(
-      config_lib.BlockDiffusionConfig(
-          block_size=block, mask_token_id=3, stream=stream
-      ),
-      attention,
-  )
-  return lambda model, batch: loss_fn(
-      model, **trainer_lib.diffusion_model_inputs(batch)
-  ).primary_loss.unreduced_sum
 
 
 def peak_gib() -> float:

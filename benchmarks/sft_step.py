@@ -61,7 +61,6 @@ import optax
 from tunix.models.qwen3 import model as qwen3_lib
 from tunix.sft import peft_trainer
 
-from _step_cost import attended_pairs  # noqa: F401  (the tests read it here)
 from _step_cost import loss_gflops
 from _step_cost import model_gflops
 from _step_cost import peak_gib
@@ -191,6 +190,22 @@ def diffusion_step(args, examples, stream):
   )
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
   return step, batch
+
+
+def causal_loss(model, batch):
+  return peft_trainer._default_loss_fn(model, **batch)  # pylint: disable=protected-access
+
+
+def diffusion_loss_for(stream, block, attention=None):
+  loss_fn = trainer_lib.make_diffusion_loss_fn(
+      config_lib.BlockDiffusionConfig(
+          block_size=block, mask_token_id=3, stream=stream
+      ),
+      attention,
+  )
+  return lambda model, batch: loss_fn(
+      model, **trainer_lib.diffusion_model_inputs(batch)
+  ).primary_loss.unreduced_sum
 
 
 def run_once(step, batch) -> float:

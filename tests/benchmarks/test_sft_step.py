@@ -17,6 +17,7 @@ from tunix_blockdiff.attention import masks
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]
                        / "benchmarks"))
 
+import _step_cost  # noqa: E402  pylint: disable=g-import-not-at-top
 import sft_step  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
@@ -52,7 +53,7 @@ def test_attended_pairs_counts_the_masks_own_pairs(blocks, block, stream):
     mask = masks.two_stream_mask(positions, block)
   else:
     mask = masks.block_causal_mask(positions, positions, block)
-  assert sft_step.attended_pairs(stream, length, block) == int(
+  assert _step_cost.attended_pairs(stream, length, block) == int(
       np.asarray(mask).sum())
 
 
@@ -62,10 +63,10 @@ def test_model_flops_are_six_per_parameter_per_token_plus_attention():
       tile=None, remat="none", batch=2, length=32, block=4)
   model = sft_step.make_model(args)
   config = model.config
-  single = sft_step.model_gflops(model, args, "single")
-  two = sft_step.model_gflops(model, args, "two_stream")
+  single = _step_cost.model_gflops(model, args, "single")
+  two = _step_cost.model_gflops(model, args, "two_stream")
   attention = 12 * config.num_heads * config.head_dim * 2 * (
-      sft_step.attended_pairs("single", 32, 4))
+      _step_cost.attended_pairs("single", 32, 4))
   # The two-stream step runs twice the tokens and twice the pairs.
   assert two == pytest.approx(2 * single)
   assert single > attention / 1e9
