@@ -238,11 +238,43 @@ def a2d_qwen3(code: pathlib.Path) -> None:
   _save(model, OUT / "a2d_qwen3", tokens, positions, mask, logits)
 
 
+def sdar_reference_of(directory: pathlib.Path) -> None:
+  """Logits of an SDAR directory through the code it carries (`*.py`).
+
+  What SDAR's own tools do with a directory `tunix-blockdiff export` wrote
+  (`trust_remote_code`): the weights loaded by its `modeling_sdar.py`, the
+  golden inputs and mask; written to `DIR/reference.npz`, which
+  `released.compare_reference` (and `tools/released_goldens.py`'s docs)
+  compare with the Tunix model loaded from the same directory.
+  """
+  _package(directory, ["configuration_sdar.py", "modeling_sdar.py"],
+           "sdar_export_reference",
+           {"fused_linear_diffusion_cross_entropy.py":
+            "class FusedLinearDiffusionCrossEntropyLoss:\n  pass\n"})
+  modeling = importlib.import_module("sdar_export_reference.modeling_sdar")
+  model = modeling.SDARForCausalLM.from_pretrained(
+      directory, torch_dtype=torch.float32).eval()
+  tokens, positions, mask = _inputs(seed=2)
+  with torch.no_grad():
+    logits = model(
+        input_ids=torch.from_numpy(tokens),
+        attention_mask=torch.from_numpy(mask[:, None].astype(np.float32)),
+        position_ids=torch.from_numpy(positions), use_cache=False,
+    ).logits.numpy()
+  np.savez(directory / "reference.npz", tokens=tokens.astype(np.int32),
+           positions=positions.astype(np.int32), mask=mask,
+           logits=logits.astype(np.float32))
+  print(f"wrote {directory / 'reference.npz'} (SDAR's code on the export)")
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sdar-code", type=pathlib.Path, default=None)
   parser.add_argument("--fast-dllm-code", type=pathlib.Path, default=None)
   parser.add_argument("--a2d-code", type=pathlib.Path, default=None)
+  parser.add_argument("--sdar-reference-of", type=pathlib.Path, default=None,
+                      help="an exported SDAR directory: its logits through"
+                      " the modeling code it carries")
   args = parser.parse_args()
   torch.set_default_dtype(torch.float32)
   _stub_flash_attn()
@@ -252,6 +284,8 @@ def main() -> None:
     fast_dllm_v2(args.fast_dllm_code.expanduser())
   if args.a2d_code:
     a2d_qwen3(args.a2d_code.expanduser())
+  if args.sdar_reference_of:
+    sdar_reference_of(args.sdar_reference_of.expanduser())
 
 
 if __name__ == "__main__":

@@ -133,3 +133,29 @@ def test_generate_reads_a_fast_dllm_v2_directory(tmp_path):
   # A sub-block that does not divide the block: one line, exit status 2.
   assert cli.main(["generate", str(directory), "prompts=[hi]",
                    "max_new_tokens=8", "sub_block_size=3"]) == 2
+
+
+def test_opd_distils_an_ar_teacher_into_the_sdar_student(sdar_run, tmp_path):
+  from tunix_blockdiff.jobs import opd  # pylint: disable=g-import-not-at-top
+
+  rows = [{"prompt": f"what is {a}+{b}?", "answer": f"{a}+{b}={a + b}."}
+          for a in range(1, 7) for b in range(1, 5)]
+  train = tmp_path / "prompts.jsonl"
+  train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  assert opd.main([
+      f"output_dir={tmp_path / 'opd'}", f"student.checkpoint={sdar_run}",
+      f"dataset.train={train}", "teacher.num_layers=1", "teacher.embed_dim=16",
+      "teacher.hidden_dim=32", "teacher.num_heads=2", "teacher.head_dim=8",
+      "teacher.num_kv_heads=1", "teacher.steps=3", "teacher.warmup_steps=1",
+      "teacher.batch_size=8", "teacher.num_train=8", "opd.steps=2",
+      "opd.prompts_per_step=2", "opd.micro_batch_prompts=1",
+      "eval.num_prompts=2", "eval.batch_size=4",
+      "rollout.max_tokens_to_generate=8", "rollout.max_prompt_length=16",
+  ]) == 0
+  summary = json.loads((tmp_path / "opd" / "summary.json").read_text())
+  assert summary["steps"] == 2 and summary["optimizer_steps"] == 2
+  # The loss saw the teacher: a positive divergence at both steps.
+  assert len(summary["train_divergence"]) == 2
+  assert all(np.isfinite(d) and d > 0 for d in summary["train_divergence"])
+  for key in ("divergence_start", "divergence_end"):
+    assert np.isfinite(summary[key]) and summary[key] >= 0

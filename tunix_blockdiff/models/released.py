@@ -238,11 +238,32 @@ def check_diffusion(hf_config: Mapping[str, Any], path, diffusion) -> None:
           f" {fmt.name} checkpoint's {value!r}; set diffusion.{key}={value}")
 
 
+def compare_reference(directory: str | pathlib.Path) -> float:
+  """Max |logit| difference of `directory`'s Tunix model to its reference.
+
+  `directory/reference.npz` (`tools/released_goldens.py`: the format's own
+  PyTorch code on fixed tokens, positions and mask) against the model
+  `checkpoints.load_hf` reads from the same directory, in float32.
+  """
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+
+  from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
+
+  directory = pathlib.Path(directory).expanduser()
+  ref = np.load(directory / "reference.npz")
+  model = checkpoints.load_hf(directory, dtype="float32")
+  logits, _ = model(jnp.asarray(ref["tokens"]), jnp.asarray(ref["positions"]),
+                    None, jnp.asarray(ref["mask"]))
+  return float(np.abs(np.asarray(logits) - ref["logits"]).max())
+
+
 __all__ = [
     "FORMATS",
     "ReleasedFormat",
     "base_config",
     "check_diffusion",
+    "compare_reference",
     "detect",
     "diffusion_settings",
 ]
