@@ -286,11 +286,12 @@ def two_stream_logits(
       twice(positions), segment_ids=twice(segment_ids),
       validity=twice(validity), position_aware=True)
   tokens = jnp.concatenate([clean_tokens, noised_tokens], axis=1)
-  with enable_block_diffusion_attention(model, **dataclasses.asdict(options)):
-    logits = modeling.call_model(
-        model, tokens, twice(positions), None, segment_ids=carrier)
   source = modeling.two_stream_source_index(positions, **common)
-  return jnp.take_along_axis(logits, source[:, :, None], axis=1)
+  with enable_block_diffusion_attention(model, **dataclasses.asdict(options)):
+    # The output head runs on the L source slots only, not on all 2L.
+    return modeling.call_model(
+        model, tokens, twice(positions), None, segment_ids=carrier,
+        pick=modeling.source_picker(source))
 
 
 def chosen_logits(

@@ -48,13 +48,47 @@ def _takes_segment_ids(model_type: type) -> bool:
     return False
 
 
-def call_model(model, tokens, positions, attention_mask, segment_ids=None):
+class Picked(nnx.Module):
+  """Stands in for the final norm: the norm, then only the slots picked.
+
+  Every supported family decodes `final_norm(x)` to logits, so picking here
+  computes the output head (a large share of a call at a real vocabulary)
+  and its logits only for the slots wanted.
+  """
+
+  def __init__(self, inner, pick: Callable[[jax.Array], jax.Array]):
+    self.inner = inner
+    self.pick = pick
+
+  def __call__(self, x):
+    return self.pick(self.inner(x))
+
+
+def picking(model, pick: Callable[[jax.Array], jax.Array] | None):
+  """`model`, or a view of it whose logits are only the `pick`ed slots.
+
+  Args:
+    model: A Tunix causal LM.
+    pick: None, or a function from the final hidden states [B, T, D] to the
+      slots whose logits are wanted [B, T', D].
+  """
+  if pick is None:
+    return model
+  view = fresh_view(model)
+  view.final_norm = Picked(view.final_norm, pick)
+  return view
+
+
+def call_model(model, tokens, positions, attention_mask, segment_ids=None,
+               pick=None):
   """Runs a Tunix causal LM without a cache; returns float logits [B, L, V].
 
   `segment_ids` reach the model only if its `__call__` takes them (Qwen2,
   Qwen3: their flash path needs them); Llama3 and Gemma3 take none, and the
-  attention masks built here already separate the documents.
+  attention masks built here already separate the documents. `pick`: the
+  output head only on some slots (`picking`), logits [B, L', V].
   """
+  model = picking(model, pick)
   if segment_ids is None or not _takes_segment_ids(type(model)):
     logits, _ = model(tokens, positions, None, attention_mask)
   else:
@@ -186,7 +220,6 @@ def two_stream_logits(
   )
   tokens = jnp.concatenate([clean_tokens, noised_tokens], axis=1)
   both_positions = jnp.concatenate([positions, positions], axis=1)
-  logits = call_model(model, tokens, both_positions, mask)
   source = two_stream_source_index(
       positions,
       block_size=block_size,
@@ -194,7 +227,15 @@ def two_stream_logits(
       validity=validity,
       segment_ids=segment_ids,
   )
-  return jnp.take_along_axis(logits, source[:, :, None], axis=1)
+  # The output head runs on the L source slots only, not on all 2L.
+  return call_model(model, tokens, both_positions, mask,
+                    pick=source_picker(source))
+
+
+def source_picker(source: jax.Array) -> Callable[[jax.Array], jax.Array]:
+  """Hidden states [B, 2L, D] -> the rows `source` [B, L] names."""
+  return lambda hidden: jnp.take_along_axis(hidden, source[:, :, None],
+                                            axis=1)
 
 
 def make_logits_fn(

@@ -257,22 +257,6 @@ def init_cache(model, batch: int, size: int, dtype) -> Cache:
   return Cache(zeros, zeros)
 
 
-class _Picked(nnx.Module):
-  """Stands in for the final norm: the norm, then only the slots picked.
-
-  Every supported family decodes `final_norm(x)` to logits, so picking here
-  computes the output head (a large share of a window call at a real
-  vocabulary) and its float32 logits only for the slots a step needs.
-  """
-
-  def __init__(self, inner, pick: Callable[[jax.Array], jax.Array]):
-    self.inner = inner
-    self.pick = pick
-
-  def __call__(self, x):
-    return self.pick(self.inner(x))
-
-
 def window_call(model, tokens, positions, parts, window_mask, pick=None):
   """The model on a window against cached keys, which it does not change.
 
@@ -294,7 +278,7 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None):
   for layer in view.layers:
     layer.attn = _WindowAttention(layer.attn, _family_of(layer.attn))
   if pick is not None:
-    view.final_norm = _Picked(view.final_norm, pick)
+    view.final_norm = modeling.Picked(view.final_norm, pick)
   layer_caches = {
       f"layer_{i}": {"parts": [(c.k[i], c.v[i], valid) for c, valid in parts]}
       for i in range(len(view.layers))
