@@ -47,6 +47,29 @@ SIZES = {
                  moe_intermediate_size=256, canvas_length=32),
 }
 LAYERS = ("sliding_attention", "sliding_attention", "full_attention")
+# DiffusionGemma-26B-A4B's real layer widths (Tunix's `gemma4_26b_a4b`:
+# hidden 2816, 16 heads of 256, 8 / 2 KV heads, global head 512, 128 experts
+# of 704, top-8, window 1024, vocabulary 262,144) at 2 layers, one sliding
+# and one full: what one TPU chip holds. Not in the default `--sizes`.
+REAL_WIDTHS = {
+    "26b_a4b_2layers": (
+        dict(vocab_size=262144, hidden_size=2816, intermediate_size=2112,
+             num_heads=16, num_kv_heads=8, head_dim=256,
+             global_num_kv_heads=2, global_head_dim=512,
+             sliding_window=1024, num_experts=128, top_k_experts=8,
+             moe_intermediate_size=704, canvas_length=256),
+        ("sliding_attention", "full_attention")),
+}
+
+
+def config_of(name: str, dtype: str = "float32") -> dg.DiffusionGemmaConfig:
+  """The `DiffusionGemmaConfig` of a size name (`SIZES` or `REAL_WIDTHS`)."""
+  if name in REAL_WIDTHS:
+    sizes, layers = REAL_WIDTHS[name]
+  else:
+    sizes, layers = SIZES[name], LAYERS
+  return dg.DiffusionGemmaConfig(layer_types=layers, dtype=dtype,
+                                 param_dtype=dtype, **sizes)
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -60,9 +83,8 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 def measure(name: str, *, batch: int, prompt: int, steps: int,
-            repeats: int) -> dict:
-  sizes = SIZES[name]
-  config = dg.DiffusionGemmaConfig(layer_types=LAYERS, **sizes)
+            repeats: int, dtype: str = "float32") -> dict:
+  config = config_of(name, dtype)
   model = dg.DiffusionGemma(config, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
   c, v = config.canvas_length, config.vocab_size
@@ -117,11 +139,13 @@ def main() -> None:
   parser.add_argument("--steps", type=int, default=16)
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--sizes", nargs="+", default=list(SIZES),
-                      choices=list(SIZES))
+                      choices=[*SIZES, *REAL_WIDTHS])
+  parser.add_argument("--dtype", default="float32",
+                      choices=("float32", "bfloat16"))
   parser.add_argument("--out", default=None, help="write the rows as JSON")
   args = parser.parse_args()
   rows = [measure(name, batch=args.batch, prompt=args.prompt,
-                  steps=args.steps, repeats=args.repeats)
+                  steps=args.steps, repeats=args.repeats, dtype=args.dtype)
           for name in args.sizes]
   print(f"{'size':12s} {'B':>3s} {'C':>4s} {'V':>6s} {'decoder ms':>11s}"
         f" {'sampler ms':>11s} {'overhead':>9s}")

@@ -36,7 +36,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation profile_generation sft_step_real rollout attention sft_step diffusion_gemma_sampler"
+all="generation profile_generation sft_step_real diffusion_gemma_real rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -53,7 +53,12 @@ for name in $all; do
     # shellcheck disable=SC2086  # SFT_STEP_ARGS is a list of flags
     step sft_step_real 600 python3 benchmarks/sft_step.py \
       --model qwen3_0p6b --dtype bfloat16 --attention auto \
-      ${SFT_STEP_ARGS:---length 2048 --batch 4 --rounds 3}
+      --sequential ${SFT_STEP_ARGS:---length 2048 --batch 1 --rounds 3}
+  elif [[ $name == diffusion_gemma_real ]]; then
+    # DiffusionGemma-26B-A4B's layer widths at 2 layers: LoRA step + sampler.
+    step diffusion_gemma_real 600 python3 benchmarks/diffusion_gemma_step.py \
+      --size 26b_a4b_2layers --dtype bfloat16 --batch 2 --seq-len 1024 \
+      --json "$out/diffusion_gemma_real.json"
   else
     step "$name" 150 python3 "benchmarks/$name.py"
   fi

@@ -1,0 +1,51 @@
+"""`benchmarks/diffusion_gemma_step.py` on the tiny size, so it cannot rot.
+
+The TPU figures come from `--size 26b_a4b_2layers --dtype bfloat16`.
+"""
+
+import json
+import pathlib
+import sys
+
+from flax import nnx
+import jax
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]
+                       / "benchmarks"))
+
+import diffusion_gemma_sampler  # noqa: E402  pylint: disable=g-import-not-at-top
+import diffusion_gemma_step  # noqa: E402  pylint: disable=g-import-not-at-top
+
+from tunix_blockdiff.models import diffusion_gemma as dg  # noqa: E402
+
+
+def test_the_tiny_step_reports_time_memory_and_lora_share(tmp_path, capsys):
+  out = tmp_path / "rows.json"
+  assert diffusion_gemma_step.main([
+      "--batch", "2", "--seq-len", "24", "--repeats", "1", "--no-sampler",
+      "--json", str(out)]) == 0
+  assert "LoRA SFT step:" in capsys.readouterr().out
+  (row,) = json.loads(out.read_text())
+  assert row["step_s"] > 0 and row["tokens_per_s"] > 0
+  assert 0 < row["lora_params"] < row["params"]
+
+
+def test_the_real_width_size_is_the_26b_a4b_layer():
+  config = diffusion_gemma_sampler.config_of("26b_a4b_2layers", "bfloat16")
+  assert (config.hidden_size, config.num_experts, config.top_k_experts,
+          config.moe_intermediate_size, config.vocab_size) == (
+              2816, 128, 8, 704, 262144)
+  assert config.layer_types == ("sliding_attention", "full_attention")
+  shapes = nnx.eval_shape(lambda: dg.DiffusionGemma(config,
+                                                    rngs=nnx.Rngs(0)))
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(shapes, nnx.Param)))
+  # Embedding 262144 x 2816 plus two layers of 128 experts: about 2.3B.
+  assert 2.0e9 < params < 2.6e9
+
+
+def test_bad_flags_are_refused():
+  with pytest.raises(SystemExit):
+    diffusion_gemma_step.main(["--size", "huge"])
+  with pytest.raises(SystemExit):
+    diffusion_gemma_step.main(["--batch", "0"])
