@@ -159,3 +159,31 @@ def test_opd_distils_an_ar_teacher_into_the_sdar_student(sdar_run, tmp_path):
   assert all(np.isfinite(d) and d > 0 for d in summary["train_divergence"])
   for key in ("divergence_start", "divergence_end"):
     assert np.isfinite(summary[key]) and summary[key] >= 0
+
+
+def test_sft_and_export_on_a_fast_dllm_v2_directory(tmp_path):
+  directory = tmp_path / "Fast_dLLM_tiny"
+  shutil.copytree(_TESTS / "data" / "released" / "fast_dllm_v2", directory)
+  (directory / "reference.npz").unlink()
+  hf_tokenizer.write_tiny_hf_tokenizer(directory)
+  run = tmp_path / "run"
+  summary = sft.run(common.load_recipe([
+      "fast_dllm_v2_7b.yaml", f"model.path={directory}", f"output_dir={run}",
+      f"dataset.train={CHAT}", f"dataset.eval={CHAT}", "dataset.num_eval=4",
+      "mesh=null", "model.dtype=float32", "model.param_dtype=float32",
+      "data.batch_size=4", "data.seq_len=48", "training.max_steps=2",
+      "training.warmup_steps=1", "training.eval_every_n_steps=2",
+      "training.checkpoint_every_n_steps=2", "eval.batch_size=4",
+      "eval.thresholds=[0.9]", "lora.rank=4", "lora.alpha=8.0",
+      # The tiny checkpoint's own (the 7B's are 32 and 151665).
+      "diffusion.block_size=4", f"diffusion.mask_token_id={MASK}",
+  ]))
+  assert summary["train_steps"] == 2 and summary["num_lora_params"] > 0
+  out = tmp_path / "hf"
+  assert cli.main(["export", str(run), str(out), "--tokenizer-files"]) == 0
+  config = json.loads((out / "config.json").read_text())
+  assert config["model_type"] == "Fast_dLLM_Qwen"
+  assert config["architectures"] == ["Fast_dLLM_QwenForCausalLM"]
+  assert config["bd_size"] == 4 and config["mask_token_id"] == MASK
+  assert cli.main(["generate", str(out), "prompts=[what is 1+1?]",
+                   "max_new_tokens=8", "color=false"]) == 0
