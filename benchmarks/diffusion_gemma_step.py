@@ -41,6 +41,7 @@ from tunix_blockdiff.runs import common
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import diffusion_gemma_sampler  # pylint: disable=g-import-not-at-top,wrong-import-position
+from _step_cost import peak_gib  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 # The 26B-A4B recipe's LoRA placement.
 LORA_PATH = ".*self_attn/(q|k|v|o)_proj|.*mlp/(gate|up|down)_proj"
@@ -63,12 +64,6 @@ def _batch(config: dg.DiffusionGemmaConfig, objective, batch: int,
                                     shuffle=False)
   return next(iter(dg_data.DiffusionGemmaBatches(examples, objective,
                                                  data_config)))
-
-
-def peak_gib() -> float:
-  """The device's peak bytes in use so far (GiB); NaN where not reported."""
-  stats = jax.devices()[0].memory_stats() or {}
-  return stats.get("peak_bytes_in_use", float("nan")) / 2**30
 
 
 def measure_step(size: str, *, dtype: str, batch: int, seq_len: int,

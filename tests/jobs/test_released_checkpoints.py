@@ -97,14 +97,20 @@ def test_sft_then_export_writes_sdar_back(sdar_run, sdar_dir, tmp_path):
   assert (out / "generate.json").is_file()
 
 
+def _prompt_file(tmp_path, pairs) -> pathlib.Path:
+  """An rl/opd prompt file of `what is a+b?` rows with their answers."""
+  train = tmp_path / "prompts.jsonl"
+  train.write_text("".join(
+      json.dumps({"prompt": f"what is {a}+{b}?", "answer": f"{a}+{b}={a + b}."})
+      + "\n" for a, b in pairs))
+  return train
+
+
 def test_grpo_trains_the_sdar_policy_with_the_exact_likelihood(
     sdar_run, tmp_path):
   from tunix_blockdiff.jobs import rl  # pylint: disable=g-import-not-at-top
 
-  rows = [{"prompt": f"what is {a}+{b}?", "answer": f"{a}+{b}={a + b}."}
-          for a, b in ((1, 2), (3, 4), (2, 2), (5, 1))]
-  train = tmp_path / "prompts.jsonl"
-  train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  train = _prompt_file(tmp_path, ((1, 2), (3, 4), (2, 2), (5, 1)))
   assert rl.main([
       f"output_dir={tmp_path / 'rl'}", f"init.checkpoint={sdar_run}",
       f"dataset.train={train}", "grpo.steps=2", "grpo.prompts_per_step=2",
@@ -138,10 +144,8 @@ def test_generate_reads_a_fast_dllm_v2_directory(tmp_path):
 def test_opd_distils_an_ar_teacher_into_the_sdar_student(sdar_run, tmp_path):
   from tunix_blockdiff.jobs import opd  # pylint: disable=g-import-not-at-top
 
-  rows = [{"prompt": f"what is {a}+{b}?", "answer": f"{a}+{b}={a + b}."}
-          for a in range(1, 7) for b in range(1, 5)]
-  train = tmp_path / "prompts.jsonl"
-  train.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  train = _prompt_file(
+      tmp_path, [(a, b) for a in range(1, 7) for b in range(1, 5)])
   assert opd.main([
       f"output_dir={tmp_path / 'opd'}", f"student.checkpoint={sdar_run}",
       f"dataset.train={train}", "teacher.num_layers=1", "teacher.embed_dim=16",

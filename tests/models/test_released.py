@@ -68,6 +68,9 @@ def test_each_format_is_recognised_and_mapped():
 def test_unsupported_variants_and_missing_fields_are_refused(tmp_path):
   with pytest.raises(ValueError, match="model_type='sdar_moe'.*dense"):
     released.detect({"model_type": "sdar_moe"})
+  # generate still takes it for a released directory, to say why it fails.
+  assert released.recognises({"model_type": "sdar_moe"})
+  assert not released.recognises({"model_type": "qwen3"})
   with pytest.raises(ValueError, match="mask_token_id: missing"):
     released.diffusion_settings({"model_type": "sdar"})
   with pytest.raises(ValueError, match="block_size must be a positive int"):

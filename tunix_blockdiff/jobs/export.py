@@ -231,7 +231,7 @@ def _with_base_config(cfg, hf_config: dict[str, Any]) -> dict[str, Any]:
   if not str(cfg.model.kind).endswith("_hf"):
     return hf_config
   base = exported.read_config(str(cfg.model.path)) or {}
-  fmt = _released_format(base)
+  fmt = released.detect(base)  # a refused base never trained a run
   if fmt is not None:
     base.pop(exported.SECTION, None)
     diffusion = common.diffusion_config_from(cfg.diffusion)
@@ -251,13 +251,6 @@ def _with_base_config(cfg, hf_config: dict[str, Any]) -> dict[str, Any]:
   return {**base, **hf_config}
 
 
-def _released_format(base: dict[str, Any]):
-  try:
-    return released.detect(base)
-  except ValueError:
-    return None
-
-
 def remote_code_files(cfg) -> list[pathlib.Path]:
   """A released base checkpoint's modeling code (`*.py`), else nothing.
 
@@ -267,7 +260,7 @@ def remote_code_files(cfg) -> list[pathlib.Path]:
   if not str(cfg.model.kind).endswith("_hf"):
     return []
   path = pathlib.Path(str(cfg.model.path)).expanduser()
-  if _released_format(exported.read_config(path) or {}) is None:
+  if released.detect(exported.read_config(path) or {}) is None:
     return []
   return sorted(path.glob("*.py"))
 

@@ -151,6 +151,14 @@ def detect(hf_config: Mapping[str, Any]) -> ReleasedFormat | None:
   return None
 
 
+def recognises(hf_config: Mapping[str, Any]) -> bool:
+  """Whether a `config.json` is a released format, refused variants too."""
+  try:
+    return detect(hf_config) is not None
+  except ValueError:
+    return True
+
+
 def base_config(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   """`hf_config` as its base family's `config.json` (others: unchanged)."""
   fmt = detect(hf_config)
@@ -265,5 +273,6 @@ __all__ = [
     "check_diffusion",
     "compare_reference",
     "detect",
+    "recognises",
     "diffusion_settings",
 ]

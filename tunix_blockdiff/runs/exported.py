@@ -61,12 +61,8 @@ def is_exported(path: str | pathlib.Path) -> bool:
   config = read_config(path)
   if not isinstance(config, dict):
     return False
-  if isinstance(config.get(SECTION), dict):
-    return True
-  try:
-    return released.detect(config) is not None
-  except ValueError:
-    return True  # a refused variant: `read_section` says why
+  # A refused variant counts: `read_section` then says why.
+  return isinstance(config.get(SECTION), dict) or released.recognises(config)
 
 
 def released_section(path: pathlib.Path, config) -> dict[str, Any]:
@@ -155,13 +151,8 @@ def read_section(path: str | pathlib.Path) -> dict[str, Any]:
   """
   config = read_config(path) or {}
   found = config.get(SECTION)
-  if found is None and config:
-    try:
-      is_released = released.detect(config) is not None
-    except ValueError:
-      is_released = True
-    if is_released:
-      found = released_section(pathlib.Path(path), config)
+  if found is None and released.recognises(config):
+    found = released_section(pathlib.Path(path), config)
   where = f"{pathlib.Path(path) / CONFIG_FILE} {SECTION}"
   if not isinstance(found, dict):
     raise errors.UsageError(f"{where}: missing (not an exported directory)")
