@@ -453,3 +453,37 @@ def test_certainty_weight_reaches_the_trainer_loss(micro_batches):
       want.aux_metrics["certainty"].unreduced_sum,
       rtol=1e-6,
   )
+
+
+@pytest.mark.parametrize(
+    "stream,alignment",
+    [("single", "same_position"), ("two_stream", "shifted")])
+def test_head_chunk_gives_the_same_loss_and_gradients(stream, alignment):
+  dcfg = dataclasses.replace(
+      DCFG, stream=stream, alignment=alignment, certainty_weight=0.3,
+      canvas="all_masked" if alignment == "same_position" else "seed_and_mask")
+  batch = _batch([(2, 12), (1, 14), (4, 1), (3, 2)], seed=3, dcfg=dcfg)
+  graphdef, state = nnx.split(_model())
+
+  @jax.jit
+  def value_and_grads(state, batch):
+    def loss(chunk):
+      fn = trainer_lib.make_diffusion_loss_fn(dcfg, head_chunk=chunk)
+      return lambda s: fn(nnx.merge(graphdef, s), **trainer_lib
+                          .diffusion_model_inputs(batch)).primary_loss.unreduced_sum
+    return (jax.value_and_grad(loss(None))(state),
+            jax.value_and_grad(loss(5))(state))
+
+  (want, want_grads), (got, got_grads) = value_and_grads(state, batch)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+  assert len(jax.tree.leaves(got_grads)) == len(jax.tree.leaves(want_grads))
+  for g, w in zip(jax.tree.leaves(got_grads), jax.tree.leaves(want_grads)):
+    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_head_chunk_is_checked_before_any_compute():
+  with pytest.raises(ValueError, match="head_chunk must be >= 1"):
+    trainer_lib.BlockDiffusionTrainer(_model(), optax.sgd(0.1), _config(),
+                                      DCFG, head_chunk=0)
+  with pytest.raises(TypeError, match="head_chunk must be an int"):
+    trainer_lib.make_diffusion_loss_fn(DCFG, head_chunk=1.5)

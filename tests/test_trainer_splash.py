@@ -56,6 +56,25 @@ def test_splash_logits_equal_dense(batch, stream, alignment):
   assert not model.config.use_flash_attention
 
 
+def test_splash_with_a_chunked_head_gives_the_dense_loss(batch):
+  model = tiny_models.tiny_qwen3(VOCAB, seed=0)
+  config = config_lib.BlockDiffusionConfig(block_size=BLOCK,
+                                           mask_token_id=VOCAB - 1)
+  inputs = dict(batch, targets=batch["tokens"], loss_weights=(
+      (batch["inputs"] == VOCAB - 1) & batch["validity"]).astype(np.float32))
+  want = trainer_lib.make_diffusion_loss_fn(config)(model, **inputs)
+  mesh = jax.make_mesh((1, 1, 1), ("fsdp", "sp", "tp"),
+                       axis_types=(AxisType.Auto,) * 3)
+  loss_fn = trainer_lib.make_diffusion_loss_fn(
+      config, config_lib.AttentionConfig("splash"), head_chunk=96)
+  with mesh:
+    got = jax.jit(lambda b: loss_fn(model, **b))(inputs)
+  np.testing.assert_allclose(got.primary_loss.unreduced_sum,
+                             want.primary_loss.unreduced_sum, rtol=1e-5)
+  np.testing.assert_allclose(got.aux_metrics["accuracy"].unreduced_sum,
+                             want.aux_metrics["accuracy"].unreduced_sum)
+
+
 def test_auto_is_splash_on_a_tpu_where_it_can_run():
   auto = config_lib.AttentionConfig("auto")
   assert auto.uses_splash(256, "tpu", True)

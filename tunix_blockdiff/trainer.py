@@ -23,6 +23,7 @@ from tunix_blockdiff import accumulation
 from tunix_blockdiff import compat
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import flash
+from tunix_blockdiff.models import head as head_lib
 from tunix_blockdiff.models import remat as remat_lib
 from tunix_blockdiff.objective import loss as loss_lib
 
@@ -113,6 +114,7 @@ def make_diffusion_loss_fn(
     config: config_lib.BlockDiffusionConfig,
     attention: config_lib.AttentionConfig | None = None,
     remat: str = "none",
+    head_chunk: int | None = None,
 ) -> Callable[..., compat.LossOutput]:
   """`loss_fn(model, **diffusion_model_inputs(batch)) -> LossOutput`.
 
@@ -122,7 +124,9 @@ def make_diffusion_loss_fn(
   the target count (and `certainty` when that term is on). `attention`
   picks the logits' attention (`diffusion_logits`; None: dense); `remat`
   (`none`, `block`, `decoder`) rematerialises the model's layers in the
-  backward pass (`models.remat`).
+  backward pass (`models.remat`); `head_chunk` (tokens, None: off) runs
+  the output head and the loss that many tokens at a time, so the batch's
+  logits never exist at once (`objective.loss.chunked_diffusion_loss`).
   """
   if not isinstance(config, config_lib.BlockDiffusionConfig):
     raise TypeError(
@@ -134,6 +138,7 @@ def make_diffusion_loss_fn(
         "attention must be an AttentionConfig or None, got"
         f" {type(attention).__name__}")
   remat_lib.check_policy(remat)
+  head_chunk = loss_lib.check_head_chunk(head_chunk)
 
   def diffusion_loss_fn(
       model,
@@ -145,9 +150,13 @@ def make_diffusion_loss_fn(
       validity,
       loss_weights,
   ) -> compat.LossOutput:
+    certainty = dict(certainty_weight=config.certainty_weight,
+                     certainty_temperature=config.certainty_temperature)
     with remat_lib.remat_scope(model, remat):
-      logits = diffusion_logits(
-          model,
+      # With `head_chunk` the model runs headless: hidden states, not logits.
+      view = None if head_chunk is None else head_lib.headless(model)
+      out = diffusion_logits(
+          model if view is None else view.model,
           config,
           inputs=inputs,
           tokens=tokens,
@@ -156,13 +165,11 @@ def make_diffusion_loss_fn(
           validity=validity,
           attention=attention,
       )
-    return loss_lib.diffusion_loss(
-        logits,
-        targets,
-        loss_weights,
-        certainty_weight=config.certainty_weight,
-        certainty_temperature=config.certainty_temperature,
-    )
+    if view is None:
+      return loss_lib.diffusion_loss(out, targets, loss_weights, **certainty)
+    return loss_lib.chunked_diffusion_loss(
+        out, head_lib.output_head(model), targets, loss_weights,
+        chunk=head_chunk, hidden_dtype=view.dtype, **certainty)
 
   return diffusion_loss_fn
 
@@ -193,6 +200,7 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
       metrics_logger: peft_trainer.MetricsLogger | None = None,
       attention: config_lib.AttentionConfig | None = None,
       remat: str = "none",
+      head_chunk: int | None = None,
       **kwargs,
   ):
     """Builds the trainer and restores the latest checkpoint, if any.
@@ -210,6 +218,9 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
         when the step is traced.
       remat: `none`, `block` or `decoder`: the layers' rematerialisation
         while the loss is traced (`models.remat`).
+      head_chunk: None, or the output head and loss run this many tokens
+        at a time (the logits of a whole batch never held at once; Tunix
+        Qwen2, Qwen3, Llama3 and Gemma3 models).
       **kwargs: Passed to `PeftTrainer` (e.g. perf tracers).
     """
     if not isinstance(diffusion_config, config_lib.BlockDiffusionConfig):
@@ -218,6 +229,9 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
           f" {type(diffusion_config).__name__}"
       )
     remat_lib.check_policy(remat)
+    head_chunk = loss_lib.check_head_chunk(head_chunk)
+    if head_chunk is not None:
+      head_lib.check_splittable(model)
     super().__init__(
         model, optimizer, training_config, metrics_logger=metrics_logger,
         **kwargs
@@ -225,7 +239,9 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
     self.diffusion_config = diffusion_config
     self.attention = attention
     self.remat = remat
-    self.loss_fn = make_diffusion_loss_fn(diffusion_config, attention, remat)
+    self.head_chunk = head_chunk
+    self.loss_fn = make_diffusion_loss_fn(diffusion_config, attention, remat,
+                                          head_chunk)
     self.eval_loss_fn = self.loss_fn
     self.gen_model_input_fn = diffusion_model_inputs
 
@@ -238,7 +254,7 @@ class BlockDiffusionTrainer(accumulation.TokenWeightedTrainer):
     self.clear_jit_cache()
     self.diffusion_config = diffusion_config
     self.loss_fn = make_diffusion_loss_fn(diffusion_config, self.attention,
-                                          self.remat)
+                                          self.remat, self.head_chunk)
     self.eval_loss_fn = self.loss_fn
     self._has_aux = False
     return self

@@ -351,3 +351,87 @@ def test_bad_certainty_values_raise_naming_the_argument(kwargs, error, match):
   targets = jnp.zeros((1, 2), jnp.int32)
   with pytest.raises(error, match=match):
     loss_lib.diffusion_loss(logits, targets, jnp.ones((1, 2)), **kwargs)
+
+
+def _linear_head(kernel):
+  return lambda hidden: (hidden @ kernel).astype(jnp.float32)
+
+
+@functools.partial(jax.jit, static_argnames=("chunk", "certainty"))
+def _full_and_chunked(hidden, kernel, targets, weights, *, chunk, certainty):
+  """(value, grads wrt hidden and kernel) of the full and the chunked loss."""
+  settings = dict(certainty_weight=certainty, certainty_temperature=1.5)
+
+  def full(h, k):
+    out = loss_lib.diffusion_loss(_linear_head(k)(h), targets, weights,
+                                  **settings)
+    return out.primary_loss.unreduced_sum, out
+
+  def chunked(h, k):
+    out = loss_lib.chunked_diffusion_loss(h, _linear_head(k), targets,
+                                          weights, chunk=chunk, **settings)
+    return out.primary_loss.unreduced_sum, out
+
+  grad = lambda f: jax.value_and_grad(f, argnums=(0, 1), has_aux=True)(
+      hidden, kernel)
+  return grad(full), grad(chunked)
+
+
+@hypothesis.settings(max_examples=12, deadline=None)
+@hypothesis.given(
+    chunk=st.integers(1, 15),
+    certainty=st.sampled_from([0.0, 0.7]),
+    seed=st.integers(0, 2**16),
+)
+def test_chunked_loss_equals_the_full_logits_loss(chunk, certainty, seed):
+  rng = np.random.default_rng(seed)
+  hidden = rng.normal(size=(2, 6, 5)).astype(np.float32)
+  kernel = rng.normal(size=(5, 11)).astype(np.float32) * 2
+  _, targets, weights = _example(seed, batch=2, length=6, vocab=11)
+  ((want, want_out), want_grads), ((got, got_out), got_grads) = (
+      _full_and_chunked(hidden, kernel, targets, weights, chunk=chunk,
+                        certainty=certainty))
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  for name in want_out.aux_metrics:
+    np.testing.assert_allclose(
+        jax.tree.leaves(got_out.aux_metrics[name]),
+        jax.tree.leaves(want_out.aux_metrics[name]), rtol=1e-6)
+  assert set(got_out.aux_metrics) == set(want_out.aux_metrics)
+  for g, w in zip(got_grads, want_grads):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_loss_never_holds_the_batchs_logits():
+  # Compiled at [4, 512] slots with a vocabulary of 4096: the full loss holds
+  # 8 MB of float32 logits, a chunk of 64 slots 1 MB.
+  hidden = jnp.zeros((4, 512, 8))
+  kernel = jnp.zeros((8, 4096))
+  targets = jnp.zeros((4, 512), jnp.int32)
+  weights = jnp.ones((4, 512))
+
+  def temp_bytes(loss):
+    grad = jax.jit(jax.grad(lambda h, k: loss(h, k).primary_loss.compute(),
+                            argnums=(0, 1)))
+    return grad.lower(hidden, kernel).compile().memory_analysis(
+    ).temp_size_in_bytes
+
+  full = temp_bytes(lambda h, k: loss_lib.diffusion_loss(
+      _linear_head(k)(h), targets, weights))
+  chunked = temp_bytes(lambda h, k: loss_lib.chunked_diffusion_loss(
+      h, _linear_head(k), targets, weights, chunk=64))
+  logits_bytes = 4 * 512 * 4096 * 4
+  assert full >= logits_bytes > 2 * chunked
+
+
+def test_head_chunk_is_checked():
+  assert loss_lib.check_head_chunk(None) is None
+  assert loss_lib.check_head_chunk(np.int64(8)) == 8
+  with pytest.raises(ValueError, match="head_chunk must be >= 1"):
+    loss_lib.check_head_chunk(0)
+  for bad in (True, 2.0, "8"):
+    with pytest.raises(TypeError, match="head_chunk must be an int"):
+      loss_lib.check_head_chunk(bad)
+  with pytest.raises(ValueError, match="hidden must have shape"):
+    loss_lib.chunked_diffusion_loss(
+        jnp.zeros((2, 3)), _linear_head(jnp.zeros((3, 4))),
+        jnp.zeros((2, 3), jnp.int32), jnp.ones((2, 3)), chunk=2)

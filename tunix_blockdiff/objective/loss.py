@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -68,6 +69,68 @@ def _check_certainty(weight, temperature) -> tuple[float, float]:
   return weight, temperature
 
 
+def _check_targets(name, array, last, targets, loss_weights) -> None:
+  """Raises unless `array` is [B, L, last] and targets/weights are [B, L]."""
+  if array.ndim != 3:
+    raise ValueError(
+        f"{name} must have shape [batch, length, {last}], got {array.shape}")
+  if targets.shape != array.shape[:2]:
+    raise ValueError(
+        f"targets must have shape {array.shape[:2]} ({name} [batch, length]),"
+        f" got {targets.shape}"
+    )
+  if loss_weights.shape != targets.shape:
+    raise ValueError(
+        f"loss_weights must have the shape of targets {targets.shape}, got"
+        f" {loss_weights.shape}"
+    )
+  if not jnp.issubdtype(targets.dtype, jnp.integer):
+    raise TypeError(f"targets must have an integer dtype, got {targets.dtype}")
+
+
+def _token_terms(logits, targets, active, certainty_weight,
+                 certainty_temperature):
+  """Per-slot (CE, argmax == target, certainty entropy or None), [B, L] each.
+
+  The entropy is computed only where the certainty term needs it: active
+  slots predicted right (a stop-gradient selection).
+  """
+  ce = token_cross_entropy(logits, targets)
+  correct = jnp.argmax(logits, axis=-1) == targets
+  if certainty_weight <= 0.0:
+    return ce, correct, None
+  selected = jax.lax.stop_gradient(active & correct)
+  return ce, correct, token_entropy(logits, certainty_temperature,
+                                    where=selected)
+
+
+def _reduce(ce, correct, entropy, weights, certainty_weight
+            ) -> compat.LossOutput:
+  """The `LossOutput` of per-slot terms (`_token_terms`) and weights."""
+  active = weights > 0
+  # `where` (not multiply) so an inf/NaN CE at an inactive slot cannot leak.
+  loss_sum = jnp.sum(jnp.where(active, weights * ce, 0.0))
+  count = jnp.sum(active.astype(jnp.float32))
+  accuracy = compat.WeightedMetric(
+      unreduced_sum=jnp.sum(jnp.where(active, correct, False).astype(
+          jnp.float32)),
+      denominator=count,
+  )
+  aux_metrics = {"accuracy": accuracy, "target_tokens": count}
+  if entropy is not None:
+    selected = active & correct
+    certainty_sum = jnp.sum(jnp.where(selected, weights * entropy, 0.0))
+    loss_sum = loss_sum + certainty_weight * certainty_sum
+    aux_metrics["certainty"] = compat.WeightedMetric(
+        unreduced_sum=certainty_sum, denominator=count
+    )
+  return compat.LossOutput(
+      primary_loss=compat.WeightedMetric(unreduced_sum=loss_sum,
+                                         denominator=count),
+      aux_metrics=aux_metrics,
+  )
+
+
 def diffusion_loss(
     logits: jax.Array,
     targets: jax.Array,
@@ -109,41 +172,95 @@ def diffusion_loss(
   certainty_weight, certainty_temperature = _check_certainty(
       certainty_weight, certainty_temperature
   )
-  if logits.ndim != 3:
-    raise ValueError(f"logits must have shape [batch, length, vocab], got {logits.shape}")
-  if targets.shape != logits.shape[:2]:
-    raise ValueError(
-        f"targets must have shape {logits.shape[:2]} (logits [batch, length]),"
-        f" got {targets.shape}"
-    )
-  if loss_weights.shape != targets.shape:
-    raise ValueError(
-        f"loss_weights must have the shape of targets {targets.shape}, got"
-        f" {loss_weights.shape}"
-    )
-  if not jnp.issubdtype(targets.dtype, jnp.integer):
-    raise TypeError(f"targets must have an integer dtype, got {targets.dtype}")
+  _check_targets("logits", logits, "vocab", targets, loss_weights)
   weights = loss_weights.astype(jnp.float32)
   active = weights > 0
-  ce = token_cross_entropy(logits, targets)
-  # `where` (not multiply) so an inf/NaN CE at an inactive slot cannot leak.
-  loss_sum = jnp.sum(jnp.where(active, weights * ce, 0.0))
-  count = jnp.sum(active.astype(jnp.float32))
-  correct = jnp.argmax(logits, axis=-1) == targets
-  accuracy = compat.WeightedMetric(
-      unreduced_sum=jnp.sum(jnp.where(active, correct, False).astype(jnp.float32)),
-      denominator=count,
+  ce, correct, entropy = _token_terms(
+      logits, targets, active, certainty_weight, certainty_temperature)
+  return _reduce(ce, correct, entropy, weights, certainty_weight)
+
+
+def check_head_chunk(head_chunk) -> int | None:
+  """`head_chunk` (None, or tokens per output-head chunk >= 1), or raises."""
+  if head_chunk is None:
+    return None
+  if isinstance(head_chunk, bool) or not isinstance(head_chunk,
+                                                    numbers.Integral):
+    raise TypeError(
+        f"head_chunk must be an int or None, got {type(head_chunk).__name__}")
+  if head_chunk < 1:
+    raise ValueError(f"head_chunk must be >= 1 (tokens), got {head_chunk}")
+  return int(head_chunk)
+
+
+def chunked_diffusion_loss(
+    hidden: jax.Array,
+    head: Callable[[jax.Array], jax.Array],
+    targets: jax.Array,
+    loss_weights: jax.Array,
+    *,
+    chunk: int,
+    hidden_dtype=None,
+    certainty_weight: float = 0.0,
+    certainty_temperature: float = 1.0,
+) -> compat.LossOutput:
+  """`diffusion_loss(head(hidden), ...)` with the logits made `chunk` at a time.
+
+  The B*L slots are cut into chunks of `chunk` tokens (the last padded with
+  inactive slots); each chunk's logits are made, reduced to its per-slot
+  terms and dropped, and rematerialised chunk by chunk in the backward pass
+  (`jax.checkpoint`). The peak logits memory is one chunk's
+  [chunk, V] float32 instead of the batch's [B, L, V]; the result and its
+  gradients are those of `diffusion_loss` on the full logits.
+
+  Args:
+    hidden: float [B, L, D] target-aligned final hidden states (what
+      `models.head.headless` returns).
+    head: hidden [..., D] -> float32 logits [..., V] (`models.head
+      .output_head`).
+    targets: int [B, L] clean token ids.
+    loss_weights: float/bool [B, L] per-target weights, >= 0.
+    chunk: Tokens per chunk, >= 1.
+    hidden_dtype: The dtype the head takes its input in (None: `hidden`'s).
+    certainty_weight: As in `diffusion_loss`.
+    certainty_temperature: As in `diffusion_loss`.
+
+  Returns:
+    The `LossOutput` of `diffusion_loss`.
+  """
+  certainty_weight, certainty_temperature = _check_certainty(
+      certainty_weight, certainty_temperature
   )
-  aux_metrics = {"accuracy": accuracy, "target_tokens": count}
-  if certainty_weight > 0.0:
-    selected = jax.lax.stop_gradient(active & correct)
-    entropy = token_entropy(logits, certainty_temperature, where=selected)
-    certainty_sum = jnp.sum(jnp.where(selected, weights * entropy, 0.0))
-    loss_sum = loss_sum + certainty_weight * certainty_sum
-    aux_metrics["certainty"] = compat.WeightedMetric(
-        unreduced_sum=certainty_sum, denominator=count
-    )
-  return compat.LossOutput(
-      primary_loss=compat.WeightedMetric(unreduced_sum=loss_sum, denominator=count),
-      aux_metrics=aux_metrics,
-  )
+  chunk = check_head_chunk(chunk)
+  if chunk is None:
+    raise ValueError("chunk must be >= 1 (tokens), got None")
+  _check_targets("hidden", hidden, "width", targets, loss_weights)
+  weights = loss_weights.astype(jnp.float32)
+  active = weights > 0
+  batch, length = hidden.shape[:2]
+  slots = batch * length
+  pad = -slots % chunk
+
+  def flat(x, fill):
+    x = x.reshape((slots, *x.shape[2:]))
+    x = jnp.pad(x, [(0, pad)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+    return x.reshape((-1, chunk, *x.shape[1:]))
+
+  dtype = hidden.dtype if hidden_dtype is None else hidden_dtype
+
+  @jax.checkpoint
+  def terms(piece):
+    h, t, a = piece
+    logits = head(h[None].astype(dtype))
+    ce, correct, entropy = _token_terms(
+        logits, t[None], a[None], certainty_weight, certainty_temperature)
+    if entropy is None:
+      entropy = jnp.zeros_like(ce)
+    return ce[0], correct[0], entropy[0]
+
+  ce, correct, entropy = jax.lax.map(
+      terms, (flat(hidden, 0), flat(targets, 0), flat(active, False)))
+  unflat = lambda x: x.reshape(-1)[:slots].reshape(batch, length)
+  return _reduce(unflat(ce), unflat(correct),
+                 unflat(entropy) if certainty_weight > 0.0 else None,
+                 weights, certainty_weight)

@@ -1,0 +1,95 @@
+"""The output head of a Tunix causal LM, apart from the rest of the model.
+
+At a real vocabulary the logits dominate a training step's memory: Qwen3's
+151,936 entries are 1.2 GB of float32 per 2,048 tokens, and the loss keeps
+several such buffers for the backward pass. Splitting the model at its head
+lets the loss run the head on a chunk of tokens at a time
+(`objective.loss.chunked_diffusion_loss`), so the logits of a whole batch
+never exist.
+
+`headless(model)` is a view of the model (same arrays) that returns its
+final hidden states `final_norm(x)` where the model returns logits;
+`output_head(model)` is the head that turns those states into the logits
+the model itself would return. Tunix's Qwen2, Qwen3, Llama3 and Gemma3 all
+end in `embedder.decode(x)` (tied) or `lm_head(x)`.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from tunix_blockdiff.models import logits as logits_lib
+
+Head = Callable[[jax.Array], jax.Array]
+
+
+def _tied(model) -> bool:
+  """Whether `model` decodes with its input embedding (`embedder.decode`)."""
+  config = getattr(model, "config", None)
+  for key in ("use_tied_embedding", "weight_tying"):  # Qwen2/3; Llama3
+    if hasattr(config, key):
+      return bool(getattr(config, key))
+  return getattr(model, "lm_head", None) is None  # Gemma3: always tied
+
+
+def check_splittable(model) -> None:
+  """Raises ValueError unless `model` ends in a head `output_head` knows."""
+  if _tied(model):
+    embedder = getattr(model, "embedder", None)
+    if not callable(getattr(embedder, "decode", None)):
+      raise ValueError(
+          f"head_chunk: {type(model).__name__} has no `embedder.decode`, so"
+          " its output head cannot be run apart (Tunix Qwen2, Qwen3, Llama3"
+          " and Gemma3 can); leave head_chunk unset")
+  elif not callable(getattr(model, "lm_head", None)):
+    raise ValueError(
+        f"head_chunk: {type(model).__name__} has no callable `lm_head`;"
+        " leave head_chunk unset")
+
+
+def output_head(model) -> Head:
+  """hidden [..., D] (the model's dtype) -> float32 logits [..., V]."""
+  check_splittable(model)
+  decode = model.embedder.decode if _tied(model) else model.lm_head
+  return lambda hidden: decode(hidden).astype(jnp.float32)
+
+
+class HeadlessView:
+  """A model view whose call returns final hidden states, not logits.
+
+  Attributes:
+    model: The view: call it as the model; where the model would return
+      logits [B, L, V] it returns `final_norm(x)` [B, L, D] (cast to float32
+      by the families that cast their logits).
+    dtype: The hidden states' own dtype, known once the view has been
+      called (the head takes its input in this dtype).
+  """
+
+  def __init__(self, model):
+    check_splittable(model)
+    self.model = logits_lib.fresh_view(model)
+    self.dtype = None
+
+    def identity(hidden):
+      self.dtype = hidden.dtype
+      return hidden
+
+    # The view is this trace's own copy: replacing its head on the instance
+    # leaves `model` untouched. `object.__setattr__` keeps nnx from taking
+    # the function for a submodule.
+    if _tied(model):
+      object.__setattr__(self.model.embedder, "decode", identity)
+    else:
+      object.__setattr__(self.model, "lm_head", identity)
+
+
+def headless(model) -> HeadlessView:
+  """`HeadlessView(model)`: the model returning hidden states, not logits."""
+  return HeadlessView(model)
+
+
+__all__ = ["Head", "HeadlessView", "check_splittable", "headless",
+           "output_head"]
