@@ -10,6 +10,7 @@ import pytest
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data
 from tunix_blockdiff.attention import context_parallel
+from tunix_blockdiff.attention import splash
 
 VOCAB = 50
 MASK = 3
@@ -178,6 +179,11 @@ def test_batch_invariants(lengths, packing, stream, shifted, seed):
           for blk in blocks:
             assert doc["loss_mask"][np.arange(n) // BLOCK == blk].any()
         seen.append(tuple(doc["tokens"]))
+    if packing != "unaligned":
+      # The trainer's static Splash mask (`training_mask_mode`) relies on it.
+      assert bool(splash.static_mask_matches(
+          batch["positions"], BLOCK, segment_ids=batch["segment_ids"],
+          validity=valid))
   if packing == "none":
     # One epoch, unpacked: every example once (a final partial batch dropped).
     assert len(seen) == (len(examples) // 2) * 2

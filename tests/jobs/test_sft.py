@@ -143,10 +143,16 @@ def test_sft_trains_two_stream_with_splash_when_asked(tmp_path):
       "sft", f"output_dir={out}", *TINY, "training.max_steps=2",
       "training.gradient_accumulation_steps=1", "task.num_eval=4",
       "eval.batch_size=4", "data.seq_len=64", "diffusion.stream=two_stream",
-      "model.attention=splash", "model.remat=decoder"]) == 0
+      "model.attention=splash", "model.remat=decoder",
+      "model.head_chunk=100"]) == 0
   summary = json.loads((out / "summary.json").read_text())
   assert summary["attention"] == "splash" and summary["train_steps"] == 2
+  # packing none: every batch has the static mask's layout, so no lax.cond
+  # of both masks (whose gradient keeps both variants' activations).
+  assert summary["attention_mask_mode"] == "static"
+  assert summary["head_chunk"] == 100
   assert summary["recipe"]["model"]["remat"] == "decoder"
+  assert summary["recipe"]["model"]["head_chunk"] == 100
   assert math.isfinite(summary["final_train_loss"])
 
 
@@ -160,6 +166,12 @@ def test_splash_where_it_cannot_run_is_refused_before_training(tmp_path):
         "data.seq_len=128"], "Qwen2 and Qwen3"),
       (["model.attention=flash"], "model.attention: implementation"),
       (["model.remat=everything"], "model.remat must be one of"),
+      (["model.head_chunk=0"], "model.head_chunk must be >= 1"),
+      (["model.attention=splash", "data.seq_len=128",
+        "model.attention_mask_mode=static", "data.packing=unaligned"],
+       "static needs documents at block multiples"),
+      (["model.attention_mask_mode=lazy"], "mask_mode must be one of"),
+      (["model.head_chunk=1.5"], "model.head_chunk must be an int"),
   ):
     cfg = common.load_recipe([f"output_dir={tmp_path}", *TINY, *overrides])
     with pytest.raises(errors.UsageError, match=match):

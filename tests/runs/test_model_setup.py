@@ -87,3 +87,26 @@ def test_traced_lora_equals_the_eager_qwix_call_and_shares_the_base(family):
   inputs = base.get_model_input()
   np.testing.assert_array_equal(np.asarray(traced(**inputs)[0]),
                                 np.asarray(eager(**inputs)[0]))
+
+
+@pytest.mark.parametrize("packing,cp_size,want", [
+    ("none", 1, "static"), ("block_aligned", 1, "static"),
+    ("unaligned", 1, "dynamic"), ("none", 2, "dynamic")])
+def test_training_mask_mode_follows_the_data_layout(packing, cp_size, want):
+  from tunix_blockdiff import config as config_lib  # pylint: disable=g-import-not-at-top
+  auto = config_lib.AttentionConfig("splash")
+  assert auto.mask_mode == "auto"
+  chosen = model_setup.training_mask_mode(auto, packing, cp_size)
+  assert chosen.mask_mode == want and chosen.tile == auto.tile
+  assert model_setup.training_mask_mode(None, packing, cp_size) is None
+  dynamic = config_lib.AttentionConfig("splash", mask_mode="dynamic")
+  assert model_setup.training_mask_mode(dynamic, packing, cp_size) is dynamic
+  static = config_lib.AttentionConfig("splash", mask_mode="static")
+  if want == "static":
+    assert model_setup.training_mask_mode(static, packing, cp_size) is static
+  else:
+    with pytest.raises(common.errors.UsageError,
+                       match="static needs documents at block multiples"):
+      model_setup.training_mask_mode(static, packing, cp_size)
+  with pytest.raises(ValueError, match="mask_mode must be one of"):
+    config_lib.AttentionConfig("splash", mask_mode="lazy")

@@ -21,6 +21,7 @@ import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
 import jax.numpy as jnp
 
+from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.attention import context_parallel
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.attention import splash_kernels
@@ -38,7 +39,7 @@ make_splash_kernel = splash_kernels.make_splash_kernel
 tile_counts = splash_kernels.tile_counts
 _check_tiles = splash_kernels._check_tiles  # pylint: disable=protected-access
 
-MASK_MODES = ("auto", "static", "dynamic")
+MASK_MODES = config_lib.SPLASH_MASK_MODES
 
 
 def _batched(name: str, value, shape) -> jax.Array:

@@ -91,11 +91,16 @@ def _datasets(task_data, diffusion, data_config, cfg, mesh):
   return train_ds, eval_ds
 
 
-def _check_cp_window(cfg, model) -> None:
-  """Context-parallel reordering moves slots: refuse a window it would cut."""
+def _cp_size(cfg) -> int:
+  """The rows' context-parallel order: `data.cp_size`, or `mesh.sp`."""
   mesh_cfg = cfg.get("mesh")
   sp = int(mesh_cfg.get("sp", 1)) if mesh_cfg is not None else 1
-  if max(int(cfg.data.cp_size), sp) > 1:
+  return max(int(cfg.data.cp_size), sp)
+
+
+def _check_cp_window(cfg, model) -> None:
+  """Context-parallel reordering moves slots: refuse a window it would cut."""
+  if _cp_size(cfg) > 1:
     try:
       models.check_window(
           model,
@@ -116,13 +121,14 @@ def run_block_diffusion(cfg) -> dict[str, Any]:
   """Block-diffusion SFT of a Tunix causal LM (the summary it writes)."""
   attention = common.attention_config_from(cfg.model)
   remat = common.remat_policy_from(cfg.model)
+  head_chunk = common.head_chunk_from(cfg.model)
   mesh = common.mesh_for_attention(common.build_mesh(cfg.get("mesh")),
                                    attention)
   with common.mesh_scope(mesh):
-    return _run(cfg, mesh, attention, remat)
+    return _run(cfg, mesh, attention, remat, head_chunk)
 
 
-def _run(cfg, mesh, attention, remat) -> dict[str, Any]:
+def _run(cfg, mesh, attention, remat, head_chunk) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
@@ -133,8 +139,11 @@ def _run(cfg, mesh, attention, remat) -> dict[str, Any]:
   _check_cp_window(cfg, model)
   # Splash or dense masks for the training logits (`model.attention`).
   span = int(cfg.data.seq_len) * (2 if diffusion.stream == "two_stream" else 1)
-  attention = common.training_attention(attention, model, span)
-  print(f"training attention: {'splash' if attention else 'dense'}",
+  attention = common.training_mask_mode(
+      common.training_attention(attention, model, span),
+      str(cfg.data.packing), _cp_size(cfg))
+  print("training attention:"
+        f" {f'splash ({attention.mask_mode} mask)' if attention else 'dense'}",
         flush=True)
   # The built-in task, or the user's files when `dataset` is set.
   task_data = sft_data_lib.build_sft_data(
@@ -156,6 +165,7 @@ def _run(cfg, mesh, attention, remat) -> dict[str, Any]:
       diffusion,
       attention=attention,
       remat=remat,
+      head_chunk=head_chunk,
   )
   outputs.show_progress(
       trainer,
@@ -260,6 +270,9 @@ def _finish(
       "recipe": common.to_dict(cfg),
       "train_steps": trainer.train_steps,
       "attention": "splash" if trainer.attention else "dense",
+      "attention_mask_mode": (trainer.attention.mask_mode
+                              if trainer.attention else None),
+      "head_chunk": trainer.head_chunk,
       "final_train_loss": float(train_loss[-1]) if train_loss.size else None,
       # Per optimizer step of this run (from its start or resume step).
       "train_losses": train_loss.tolist(),

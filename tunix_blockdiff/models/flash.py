@@ -338,6 +338,8 @@ def chosen_logits(
     tile = attention.tile_for(length, backend)
     scope = splash_branch(model, tile)
     tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
+    if clean_tokens is None:  # two-stream has its own (dynamic) mask
+      tiles["mask_mode"] = attention.mask_mode
   # Outside the scope a model is on its own path: dense masks, or the flash
   # branch where it was built with one.
   with scope:

@@ -38,7 +38,9 @@ from tunix_blockdiff.runs.model_setup import apply_lora
 from tunix_blockdiff.runs.model_setup import attention_config_from
 from tunix_blockdiff.runs.model_setup import check_released_settings
 from tunix_blockdiff.runs.model_setup import mesh_for_attention
+from tunix_blockdiff.runs.model_setup import head_chunk_from
 from tunix_blockdiff.runs.model_setup import remat_policy_from
+from tunix_blockdiff.runs.model_setup import training_mask_mode
 from tunix_blockdiff.runs.model_setup import training_attention
 from tunix_blockdiff.runs.model_setup import build_model
 from tunix_blockdiff.runs.model_setup import check_model_fits_mesh
@@ -320,6 +322,8 @@ __all__ = [
     "check_released_settings",
     "mesh_for_attention",
     "remat_policy_from",
+    "training_mask_mode",
+    "head_chunk_from",
     "training_attention",
     "build_mesh",
     "build_model",

@@ -10,6 +10,8 @@ does not divide over its mesh axes. `runs.common` re-exports them.
 
 from __future__ import annotations
 
+import dataclasses
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ from tunix_blockdiff import layouts
 from tunix_blockdiff import models as models_lib
 from tunix_blockdiff.models import flash
 from tunix_blockdiff.models import remat as remat_lib
+from tunix_blockdiff.objective import loss as loss_lib
 
 
 check_model_fits_mesh = layouts.check_fits_mesh
@@ -182,7 +185,8 @@ __all__ = [
 
 
 def attention_config_from(model_cfg) -> config_lib.AttentionConfig:
-  """`model.attention` (`auto|dense|splash`, default dense) and its tile.
+  """`model.attention` (`auto|dense|splash`, default dense), its tile and
+  its mask mode (`model.attention_mask_mode`, `auto|static|dynamic`).
 
   Raises:
     UsageError: a bad value, named by its recipe key.
@@ -190,7 +194,8 @@ def attention_config_from(model_cfg) -> config_lib.AttentionConfig:
   try:
     return config_lib.AttentionConfig(
         str(model_cfg.get("attention", "dense")),
-        tile=model_cfg.get("attention_tile"))
+        tile=model_cfg.get("attention_tile"),
+        mask_mode=str(model_cfg.get("attention_mask_mode", "auto")))
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"model.attention: {e}") from None
 
@@ -228,6 +233,33 @@ def training_attention(attention: config_lib.AttentionConfig, model,
   return attention if splash else None
 
 
+def training_mask_mode(attention: config_lib.AttentionConfig | None,
+                       packing: str, cp_size: int
+                       ) -> config_lib.AttentionConfig | None:
+  """The trainer's single-stream Splash mask, from the data's layout.
+
+  `auto` (the recipe left it) becomes `static` where every batch has the
+  static mask's layout (`packing: none` or `block_aligned`, rows in
+  logical order), else `dynamic`: never the `lax.cond` of both, whose
+  gradient keeps both variants' activations (`config.AttentionConfig`).
+
+  Raises:
+    UsageError: `static` on a layout that breaks it.
+  """
+  if attention is None:
+    return None
+  aligned = packing != "unaligned" and cp_size == 1
+  if attention.mask_mode == "static" and not aligned:
+    raise errors.UsageError(
+        "model.attention_mask_mode: static needs documents at block"
+        f" multiples in logical order; data.packing={packing} and"
+        f" data.cp_size={cp_size} break it; use dynamic or auto")
+  if attention.mask_mode != "auto":
+    return attention
+  return dataclasses.replace(attention,
+                             mask_mode="static" if aligned else "dynamic")
+
+
 def remat_policy_from(model_cfg) -> str:
   """`model.remat` (`none|block|decoder`, default none), checked.
 
@@ -238,4 +270,17 @@ def remat_policy_from(model_cfg) -> str:
   try:
     return remat_lib.check_policy(policy)
   except ValueError as e:
+    raise errors.UsageError(f"model.{e}") from None
+
+
+def head_chunk_from(model_cfg) -> int | None:
+  """`model.head_chunk` (tokens per output-head chunk; null/absent: off).
+
+  Raises:
+    UsageError: not a positive int, named by its recipe key.
+  """
+  value = model_cfg.get("head_chunk", None)
+  try:
+    return loss_lib.check_head_chunk(value)
+  except (TypeError, ValueError) as e:
     raise errors.UsageError(f"model.{e}") from None
