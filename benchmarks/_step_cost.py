@@ -56,21 +56,24 @@ def attended_pairs(stream: str | None, length: int, block: int) -> int:
 def model_gflops(model, args, stream: str | None) -> float:
   """Model FLOPs (GFLOP) of one step's forward and backward pass.
 
-  6 per matmul parameter per token (the output head counted once, tied or
-  not; the embedding lookup is free) plus 12 per attended (query, key) pair
-  per head dimension per layer (QK^T and PV, forward and backward), the
-  mask's own pairs (`attended_pairs`): the work a kernel that skips masked
-  tiles must do, the usual MFU convention.
+  6 per matmul parameter per token (the embedding lookup is free), the
+  output head (tied or not) on the L tokens that have logits (the
+  two-stream step runs the rest of the model on 2L but its head only on
+  the L noised slots), plus 12 per attended (query, key) pair per head
+  dimension per layer (QK^T and PV, forward and backward), the mask's own
+  pairs (`attended_pairs`): the work a kernel that skips masked tiles must
+  do, the usual MFU convention.
   """
   config = model.config
   params = sum(
       x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  embed = config.vocab_size * config.embed_dim
-  matmul = params if config.use_tied_embedding else params - embed
-  tokens = args.batch * args.length * (2 if stream == "two_stream" else 1)
+  head = config.vocab_size * config.embed_dim
+  body = params - (head if config.use_tied_embedding else 2 * head)
+  tokens = args.batch * args.length
+  body_tokens = tokens * (2 if stream == "two_stream" else 1)
   attention = (12 * config.num_layers * config.num_heads * config.head_dim
                * args.batch * attended_pairs(stream, args.length, args.block))
-  return (6 * matmul * tokens + attention) / 1e9
+  return (6 * (body * body_tokens + head * tokens) + attention) / 1e9
 
 
 def peak_gib() -> float:

@@ -33,14 +33,21 @@ table then also gives tokens/s and MFU (the model FLOPs of `model_gflops`,
 6 per parameter per token plus the mask's attended pairs, over the best time
 and `--peak-tflops`, 197 for a v5e). `--remat block|decoder` recomputes
 activations in the backward pass (the trainer's `remat=`, and the same
-`RematConfig` on the causal model).
+`RematConfig` on the causal model). `--head-chunk N` runs every step's
+output head and loss N tokens at a time (the trainer's `head_chunk`; the
+causal step gets Tunix's next-token loss computed the same way,
+`chunked_causal_loss`), without which a real vocabulary's logits (and
+Tunix's one-hot of them) fill the chip at batch 4 x 2048. `--sequential`
+runs each program in its own process, so each reports its own peak.
 
     python benchmarks/sft_step.py                 # the README table
     python benchmarks/sft_step.py --rounds 3      # quick
     python benchmarks/sft_step.py --model qwen3_0p6b --dtype bfloat16 \
-        --attention splash --length 2048 --batch 4 --rounds 3   # a TPU
+        --attention splash --length 2048 --batch 4 --rounds 3 \
+        --sequential --head-chunk 1024                          # a TPU
     python benchmarks/sft_step.py --model qwen3_0p6b --dtype bfloat16 \
-        --attention splash --length 4096 --streams two_stream --remat decoder
+        --attention splash --length 4096 --batch 4 --streams two_stream \
+        --remat decoder --head-chunk 1024 --sequential --no-causal
     tunix-blockdiff bench sft_step [flags]        # the same, via the CLI
 """
 
@@ -48,12 +55,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
+import json
 import statistics
+import subprocess
+import sys
 import time
 
 from flax import nnx
 import jax
+from jax.interpreters import pxla
 from jax.sharding import AxisType
 import jax.numpy as jnp
 import numpy as np
@@ -66,9 +76,12 @@ from _step_cost import model_gflops
 from _step_cost import peak_gib
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
+from tunix_blockdiff.models import head as head_lib
 from tunix_blockdiff.models import remat as remat_lib
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff import trainer as trainer_lib
+from tunix_blockdiff.objective import loss as loss_lib
+from tunix_blockdiff.runs import model_setup
 
 STREAMS = ("single", "clean_prefix", "two_stream")
 
@@ -114,9 +127,12 @@ def causal_flash(args) -> bool:
 
 
 def attention_config(args) -> config_lib.AttentionConfig | None:
+  """The steps' Splash config as the sft job picks it for these rows (one
+  document per row: the static mask, `training_mask_mode`)."""
   if args.attention == "dense":
     return None
-  return config_lib.AttentionConfig("splash", tile=args.tile)
+  return model_setup.training_mask_mode(
+      config_lib.AttentionConfig("splash", tile=args.tile), "none", 1)
 
 
 def make_examples(args) -> list[data_lib.Example]:
@@ -158,8 +174,34 @@ def causal_step(args, examples):
       optax.adamw(1e-4),
       peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
   )
+  if args.head_chunk:
+    trainer.with_loss_fn(chunked_causal_loss(args.head_chunk))
+  # Placed as the step's outputs will be, so its second call does not
+  # compile it again (tens of seconds a program on a TPU).
+  mesh = pxla.thread_resources.env.physical_mesh
+  for module in (trainer.model, trainer.optimizer):
+    state = nnx.state(module)
+    nnx.update(module, jax.device_put(
+        state, nnx.get_named_sharding(state, mesh)))
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
   return step, batch
+
+
+def chunked_causal_loss(chunk: int):
+  """Tunix's next-token loss with the output head run `chunk` tokens at a
+  time (the block-diffusion steps' `head_chunk`), for a like-for-like
+  causal step where Tunix's own loss (full logits and their one-hot) does
+  not fit."""
+
+  def loss_fn(model, input_tokens, input_mask, positions, attention_mask):
+    view = head_lib.headless(model)
+    hidden, _ = view.model(input_tokens, positions, None, attention_mask)
+    out = loss_lib.chunked_diffusion_loss(
+        hidden[:, :-1], head_lib.output_head(model), input_tokens[:, 1:],
+        input_mask[:, 1:], chunk=chunk, hidden_dtype=view.dtype)
+    return out.primary_loss.compute()
+
+  return loss_fn
 
 
 def diffusion_step(args, examples, stream):
@@ -187,21 +229,25 @@ def diffusion_step(args, examples, stream):
       dcfg,
       attention=attention_config(args),
       remat=args.remat,
+      head_chunk=args.head_chunk,
   )
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
   return step, batch
 
 
-def causal_loss(model, batch):
-  return peft_trainer._default_loss_fn(model, **batch)  # pylint: disable=protected-access
+def causal_loss_for(head_chunk=None):
+  loss_fn = (chunked_causal_loss(head_chunk) if head_chunk else
+             peft_trainer._default_loss_fn)  # pylint: disable=protected-access
+  return lambda model, batch: loss_fn(model, **batch)
 
 
-def diffusion_loss_for(stream, block, attention=None):
+def diffusion_loss_for(stream, block, attention=None, head_chunk=None):
   loss_fn = trainer_lib.make_diffusion_loss_fn(
       config_lib.BlockDiffusionConfig(
           block_size=block, mask_token_id=3, stream=stream
       ),
       attention,
+      head_chunk=head_chunk,
   )
   return lambda model, batch: loss_fn(
       model, **trainer_lib.diffusion_model_inputs(batch)
@@ -238,21 +284,35 @@ def main(argv=None) -> int:
                       " whole decoder layer in the backward pass")
   parser.add_argument("--rounds", type=int, default=10)
   parser.add_argument("--peak-tflops", type=float, default=197.0)
+  parser.add_argument("--head-chunk", type=int, default=None,
+                      help="every step's output head and loss run this many"
+                      " tokens at a time (the trainer's head_chunk; the"
+                      " causal step's next-token loss alike)")
   parser.add_argument("--sequential", action="store_true",
-                      help="build, time and free one program at a time (a"
-                      " real size on one chip cannot hold every program's"
-                      " model and optimizer state at once); also reports"
-                      " the device's peak memory after each")
+                      help="build, time and free one program at a time, each"
+                      " in its own process (a real size on one chip cannot"
+                      " hold every program's model and optimizer state at"
+                      " once); also reports each program's peak memory")
+  parser.add_argument("--no-causal", action="store_true",
+                      help="leave out the causal step (ratios then n/a)")
+  parser.add_argument("--program", default=None, help=argparse.SUPPRESS)
+  flags = list(sys.argv[1:] if argv is None else argv)
   args = parser.parse_args(argv)
+  if args.head_chunk is not None and args.head_chunk < 1:
+    parser.error("--head-chunk must be >= 1")
+  streams = args.streams.split(",")
+  for stream in streams:
+    if stream not in STREAMS:
+      parser.error(f"--streams: {stream!r} is not one of {STREAMS}")
+  if args.sequential and args.program is None:
+    # Each program in its own process; this one never opens the device (a
+    # TPU is held by one process at a time).
+    return _sequential(args, flags, streams)
   if args.vocab is None:
     args.vocab = (qwen3_lib.ModelConfig.qwen3_0p6b().vocab_size
                   if args.model == "qwen3_0p6b" else 8192)
   if args.attention == "auto":
     args.attention = "splash" if jax.default_backend() == "tpu" else "dense"
-  streams = args.streams.split(",")
-  for stream in streams:
-    if stream not in STREAMS:
-      parser.error(f"--streams: {stream!r} is not one of {STREAMS}")
   if args.attention == "splash" and args.tile is None:
     args.tile = config_lib.AttentionConfig("splash").tile_for(
         args.length, jax.default_backend())
@@ -264,24 +324,28 @@ def main(argv=None) -> int:
     return _measure(args, streams)
 
 
-def _header(args) -> None:
+def _header(args, title: str | None = None) -> None:
+  print(title or _title(args))
   print(
+      "| step | best s / step | vs causal (best) | vs causal (median) |"
+      " FLOPs vs causal | tokens/s | MFU | first call (compile) s |"
+      + (" peak GiB |" if args.sequential else "")
+  )
+  print("|---|---|---|---|---|---|---|---|" + ("---|" if args.sequential else ""),
+        flush=True)
+
+
+def _title(args) -> str:
+  return (
       f"Qwen3 ({args.model}) {args.dtype}, vocab {args.vocab}; batch"
       f" {args.batch} x {args.length} tokens, block {args.block}; remat"
-      f" {args.remat}; attention"
+      f" {args.remat}; head chunk {args.head_chunk or 'off'}; attention"
       f" {args.attention}{f' (tile {args.tile})' if args.tile else ''}"
       f"{'' if causal_flash(args) or args.attention == 'dense' else ', the causal step dense (Tunix flash: TPU only)'};"
       f" {jax.devices()[0].platform}, {args.rounds}"
       f" {'rounds per program, one at a time' if args.sequential else 'interleaved rounds'};"
       f" MFU at {args.peak_tflops:g} TFLOP/s\n"
   )
-  print(
-      "| step | best s / step | vs causal (best) | vs causal (median) |"
-      " FLOPs vs causal | tokens/s | MFU | first call (compile) s |"
-      + (" peak GiB so far |" if args.sequential else "")
-  )
-  print("|---|---|---|---|---|---|---|---|" + ("---|" if args.sequential else ""),
-        flush=True)
 
 
 def _row(args, name: str, m: dict, causal: dict | None) -> str:
@@ -305,51 +369,93 @@ def _row(args, name: str, m: dict, causal: dict | None) -> str:
   )
 
 
-def _measure(args, streams) -> int:
+CAUSAL = "causal LM (Tunix PeftTrainer)"
+
+
+def _plans(args, streams) -> dict:
+  """Program name -> (build, loss_fn, loss model, stream), causal first."""
   examples = make_examples(args)
-  model = make_model(args)
-  causal = "causal LM (Tunix PeftTrainer)"
-  plans = {causal: (lambda: causal_step(args, examples), causal_loss,
-                    make_model(args, flash=causal_flash(args)), None)}
+  plans = {} if args.no_causal else {CAUSAL: (
+      lambda: causal_step(args, examples), causal_loss_for(args.head_chunk),
+      lambda: make_model(args, flash=causal_flash(args)), None)}
   for stream in streams:
     plans[f"block diffusion, {stream}"] = (
         lambda stream=stream: diffusion_step(args, examples, stream),
-        diffusion_loss_for(stream, args.block, attention_config(args)),
-        model, stream)
+        diffusion_loss_for(stream, args.block, attention_config(args),
+                           args.head_chunk),
+        lambda: make_model(args), stream)
+  return plans
+
+
+def _measure_program(args, plan, timed: bool) -> dict:
+  """Builds and compiles one program (and times it, if `timed`)."""
+  build, loss_fn, loss_model, stream = plan
+  model = loss_model()
+  m = {"useful": model_gflops(model, args, stream), "times": []}
+  try:
+    program = build()
+    m["gflops"] = loss_gflops(loss_fn, model, program[1])
+    del model
+    m["compile"] = run_once(*program)
+    if timed:
+      m["times"] = [run_once(*program) for _ in range(args.rounds)]
+      m["peak"] = peak_gib()
+    else:
+      m["program"] = program
+  except jax.errors.JaxRuntimeError as e:
+    if not args.sequential or "RESOURCE_EXHAUSTED" not in str(e):
+      raise
+    m["oom"] = str(e).splitlines()[0][:300]  # does not fit: say so
+  return m
+
+
+def _measure(args, streams) -> int:
+  if args.program is not None:  # one program of a --sequential run
+    m = _measure_program(args, _plans(args, streams)[args.program], True)
+    m["title"] = _title(args)
+    print(_RESULT + json.dumps(m), flush=True)
+    return 0
   _header(args)
-  measured, programs = {}, {}
-  for name, (build, loss_fn, loss_model, stream) in plans.items():
-    m = measured[name] = {"useful": model_gflops(model, args, stream),
-                          "times": []}
-    try:
-      programs[name] = build()
-      m["gflops"] = loss_gflops(loss_fn, loss_model, programs[name][1])
-      m["compile"] = run_once(*programs[name])
-      # Under the mesh the first step's outputs (the new state) come back
-      # placed on it, which retraces the step once more: warm that up too.
-      run_once(*programs[name])
-      if args.sequential:  # time it now, then free its state for the next
-        m["times"] = [run_once(*programs[name]) for _ in range(args.rounds)]
-        m["peak"] = peak_gib()
-    except jax.errors.JaxRuntimeError as e:
-      if not args.sequential or "RESOURCE_EXHAUSTED" not in str(e):
-        raise
-      m["oom"] = True  # does not fit: say so, measure the others
-    if args.sequential:
-      programs.pop(name, None)
-      gc.collect()
-      _print_row(args, name, measured, causal)
-  for _ in range(0 if args.sequential else args.rounds):
-    for name, program in programs.items():
-      measured[name]["times"].append(run_once(*program))
-  if not args.sequential:
-    for name in measured:
-      _print_row(args, name, measured, causal)
+  measured = {}
+  for name, plan in _plans(args, streams).items():
+    measured[name] = _measure_program(args, plan, False)
+  for _ in range(args.rounds):
+    for m in measured.values():
+      m["times"].append(run_once(*m["program"]))
+  for name in measured:
+    _print_row(args, name, measured)
   return 0
 
 
-def _print_row(args, name, measured, causal) -> None:
-  base = measured.get(causal)
+_RESULT = "sft_step program result: "
+
+
+def _sequential(args, flags: list[str], streams) -> int:
+  """Measures each program in its own process (`--program NAME`): its own
+  device memory (nothing left over from the programs before it) and its
+  own peak. Rows are printed as they are measured."""
+  measured = {}
+  names = [] if args.no_causal else [CAUSAL]
+  for name in names + [f"block diffusion, {s}" for s in streams]:
+    done = subprocess.run(
+        [sys.executable, __file__, *flags, "--program", name],
+        capture_output=True, text=True, check=False)
+    result = [line for line in done.stdout.splitlines()
+              if line.startswith(_RESULT)]
+    if not result:
+      raise RuntimeError(f"sft_step program {name!r} failed (rc"
+                         f" {done.returncode}):\n{done.stderr[-3000:]}")
+    measured[name] = json.loads(result[-1][len(_RESULT):])
+    if len(measured) == 1:
+      _header(args, measured[name]["title"])
+    if "oom" in measured[name]:
+      print(f"({name}: {measured[name]['oom']})", file=sys.stderr)
+    _print_row(args, name, measured)
+  return 0
+
+
+def _print_row(args, name, measured) -> None:
+  base = measured.get(CAUSAL)
   if base is not None and "oom" not in base:
     base = dict(base, best=min(base["times"]),
                 median=statistics.median(base["times"]))
