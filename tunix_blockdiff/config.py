@@ -205,8 +205,9 @@ class AttentionConfig:
       sequence); None: the largest of 512, 256, 128 that divides it on a
       TPU, 128 elsewhere (Pallas interpret mode).
     interpret: Pallas interpret mode; None: off TPU only.
-    mask_mode: The single-stream Splash mask (`attention.splash`):
-      `static` (the lazy block-causal mask with segment ids: documents
+    mask_mode: The Splash mask (`attention.splash`; the two-stream call's
+      too, where `auto` means `dynamic`): `static` (the lazy block-causal or
+      two-stream mask with segment ids: documents
       start at block multiples of the row, as `packing: none` and
       `block_aligned` lay them out; a batch that breaks it gives NaN, never
       wrong numbers), `dynamic` (a per-example mask from the positions, any

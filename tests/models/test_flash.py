@@ -17,6 +17,7 @@ from tunix.models.qwen3 import model as qwen3_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.attention import masks
+from tunix_blockdiff.attention import splash
 from tunix_blockdiff.models import flash as shim
 from tunix_blockdiff.attention import tokamax_path
 
@@ -320,18 +321,31 @@ def test_model_segment_ids():
   np.testing.assert_array_equal(carrier[..., 1], positions)
 
 
-@pytest.mark.parametrize("alignment", ["same_position", "shifted"])
-def test_flash_two_stream_matches_dense(mesh, dense_model, flash_model,
-                                        alignment):
-  """`[x0 | xt]` through the position-aware kernel == the dense two-stream."""
-  half = L // 2  # 2L = 256: two 128-wide tiles
-  rng = np.random.default_rng(3)
+def _two_stream_rows(doc_starts, seed=3):
+  """Two rows of L/2 slots (2L = 256: two 128-wide tiles), packed."""
+  half = L // 2
+  rng = np.random.default_rng(seed)
   clean = rng.integers(0, VOCAB, (2, half)).astype(np.int32)
   noised = np.where(rng.random((2, half)) < 0.5, VOCAB - 1, clean)
-  positions, segments = _rows([40, 100])
+  positions, segments = _rows(doc_starts)
   positions, segments = positions[:, :half], segments[:, :half]
   validity = np.ones((2, half), bool)
   validity[0, -5:] = False
+  return clean, noised, positions, segments, validity
+
+
+@pytest.mark.parametrize("alignment,mask_mode,doc_starts", [
+    ("same_position", "dynamic", [40, 100]),
+    ("shifted", "dynamic", [40, 100]),
+    ("same_position", "static", [48, 96]),
+    ("shifted", "static", [48, 96]),
+    ("shifted", "auto", [40, 100])])
+def test_flash_two_stream_matches_dense(mesh, dense_model, flash_model,
+                                        alignment, mask_mode, doc_starts):
+  """`[x0 | xt]` through the position-aware kernel (`dynamic`), the lazy
+  two-stream mask (`static`, documents at block multiples) or the choice
+  between them (`auto`) == the dense two-stream logits."""
+  clean, noised, positions, segments, validity = _two_stream_rows(doc_starts)
   common = dict(block_size=BLOCK, alignment=alignment, validity=validity,
                 segment_ids=segments)
   want = modeling.two_stream_logits(dense_model, clean, noised, positions,
@@ -339,10 +353,40 @@ def test_flash_two_stream_matches_dense(mesh, dense_model, flash_model,
   with mesh:
     got = jax.jit(lambda c, n: shim.two_stream_logits(
         flash_model, c, n, positions, q_tile=128, kv_tile=128,
-        **common))(clean, noised)
+        mask_mode=mask_mode, **common))(clean, noised)
   _assert_close_at_valid(got, want, validity)
 
 
-def test_two_stream_kernel_needs_a_position_aware_mask():
+def test_static_two_stream_on_a_layout_it_cannot_express(mesh, flash_model):
+  """Documents off the block grid: refused when concrete, NaN when traced,
+  never silently wrong."""
+  clean, noised, positions, segments, validity = _two_stream_rows([40, 100])
+  common = dict(block_size=BLOCK, validity=validity, segment_ids=segments,
+                q_tile=128, kv_tile=128, mask_mode="static")
+  with mesh:
+    with pytest.raises(ValueError, match="mask_mode='static' needs"):
+      shim.two_stream_logits(flash_model, clean, noised, positions, **common)
+    got = jax.jit(lambda c, n, p: shim.two_stream_logits(
+        flash_model, c, n, p, **common))(clean, noised, positions)
+  assert np.isnan(np.asarray(got)).all()
+
+
+def test_lazy_two_stream_mask_is_the_dense_one():
+  for half, block in ((8, 2), (12, 3), (6, 1), (16, 16)):
+    lazy = splash.TwoStreamBlockMask(2 * half, block)
+    dense = masks.two_stream_mask(np.arange(half)[None], block)[0]
+    np.testing.assert_array_equal(lazy[0:2 * half, 0:2 * half],
+                                  np.asarray(dense))
+  assert splash.TwoStreamBlockMask(8, 2) == splash.TwoStreamBlockMask(8, 2)
+  assert len({splash.TwoStreamBlockMask(8, 2),
+              splash.TwoStreamBlockMask(8, 4)}) == 2
+  with pytest.raises(ValueError, match="length must be even"):
+    splash.TwoStreamBlockMask(7, 1)
+
+
+def test_two_stream_kernel_needs_a_chosen_mask_mode():
   with pytest.raises(ValueError, match="two_stream attention needs"):
-    shim.FlashBlockDiffusion(BLOCK, mask_mode="static", two_stream=True)
+    shim.FlashBlockDiffusion(BLOCK, mask_mode="auto", two_stream=True)
+  with pytest.raises(ValueError, match="two_stream attention needs"):
+    shim.FlashBlockDiffusion(BLOCK, mask_mode="static", two_stream=True,
+                             cp_size=2)

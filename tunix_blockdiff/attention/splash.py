@@ -29,6 +29,7 @@ from tunix_blockdiff.attention import splash_masks
 
 BlockCausalMask = splash_masks.BlockCausalMask
 LoadBalancedBlockCausalMask = splash_masks.LoadBalancedBlockCausalMask
+TwoStreamBlockMask = splash_masks.TwoStreamBlockMask
 block_causal_splash_mask = splash_masks.block_causal_splash_mask
 logical_index = splash_masks.logical_index
 KV_TILE_MULTIPLE = splash_kernels.KV_TILE_MULTIPLE

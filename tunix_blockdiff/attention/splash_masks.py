@@ -193,6 +193,59 @@ class LoadBalancedBlockCausalMask(splash_mask._ComputableMask):  # pylint: disab
     )
 
 
+class TwoStreamBlockMask(splash_mask._ComputableMask):  # pylint: disable=protected-access
+  """Lazy two-stream (BD3-LM) mask over `[x0 | xt]` rows of length 2L.
+
+  Physical index i < L is clean slot i, i >= L noised slot i - L; a slot's
+  block is `(i mod L) // B`. Clean queries attend clean keys of their own
+  and earlier blocks; noised queries attend clean keys of strictly earlier
+  blocks and noised keys of their own block; clean queries never see the
+  noised half (`masks.two_stream_mask` on one document whose positions are
+  its slots). With segment ids it is that mask for packed documents that
+  start at block multiples (`splash.static_mask_matches` on the L row).
+  Every query attends itself, so no row is empty.
+
+  Attributes:
+    block_size: B, slots per block.
+  """
+
+  block_size: int
+
+  def __init__(self, length: int, block_size: int):
+    length = _check_int("length", length, 2)
+    if length % 2:
+      raise ValueError(f"length must be even ([x0 | xt]), got {length}")
+    block_size = masks.check_block_size(block_size)
+    self.block_size = block_size
+    half = length // 2
+
+    def two_stream(q_ids, kv_ids):
+      q_noised, kv_noised = q_ids >= half, kv_ids >= half
+      q_block = (q_ids - half * q_noised) // block_size
+      kv_block = (kv_ids - half * kv_noised) // block_size
+      clean_key = kv_ids < half
+      return ((clean_key & (q_ids < half) & (kv_block <= q_block))
+              | (clean_key & q_noised & (kv_block < q_block))
+              | (kv_noised & q_noised & (kv_block == q_block)))
+
+    super().__init__(shape=(length, length), mask_function=two_stream)
+
+  def _key(self) -> tuple:
+    return (type(self), self.shape, self.block_size)
+
+  def __eq__(self, other: object):
+    if not isinstance(other, TwoStreamBlockMask):
+      return NotImplemented
+    return self._key() == other._key()
+
+  def __hash__(self):
+    return hash(self._key())
+
+  def __repr__(self):
+    return (f"TwoStreamBlockMask(length={self.shape[0]},"
+            f" block_size={self.block_size})")
+
+
 def block_causal_splash_mask(
     seq_len: int,
     block_size: int,

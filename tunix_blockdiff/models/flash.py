@@ -240,6 +240,7 @@ def two_stream_logits(
     validity: jax.Array | None = None,
     segment_ids: jax.Array | None = None,
     kernel: str = "splash",
+    mask_mode: str = "dynamic",
     q_tile: int | None = None,
     kv_tile: int | None = None,
     interpret: bool | None = None,
@@ -248,9 +249,14 @@ def two_stream_logits(
   """`modeling.two_stream_logits` on the model's own attention path.
 
   Dense models: `modeling.two_stream_logits`. Flash models (Qwen2/3): the
-  model runs once on `[x0 | xt]` (length 2L) with the two-stream mask built
-  per example from (document, position) pairs (a position-aware kernel), so
-  each noised block sees the clean earlier blocks and itself.
+  model runs once on `[x0 | xt]` (length 2L), so each noised block sees the
+  clean earlier blocks and itself, under the lazy `TwoStreamBlockMask` with
+  segment ids (`mask_mode='static'`: nothing materialised, masked tiles
+  skipped; documents must start at block multiples, as for the single
+  stream's static mask) or the mask built per example from (document,
+  position) pairs (`dynamic`, any layout: [N, 2L, 2L] per example and
+  layer); `auto` picks per batch (a `lax.cond` when traced: not for
+  gradients, see `config.AttentionConfig`).
 
   Args:
     model: Tunix causal LM.
@@ -261,7 +267,9 @@ def two_stream_logits(
     alignment: `same_position` or `shifted`.
     validity: Optional bool [B, L].
     segment_ids: Optional int [B, L].
-    kernel: `splash` or `tokamax` (flash path).
+    kernel: `splash` or `tokamax` (flash path; Tokamax is always
+      position-aware).
+    mask_mode: `dynamic`, `static` or `auto` (flash path, Splash).
     q_tile: Splash query tile override.
     kv_tile: Splash key tile override.
     interpret: Pallas interpret mode; default True off TPU.
@@ -275,23 +283,34 @@ def two_stream_logits(
   if not uses_flash_attention(model):
     return modeling.two_stream_logits(
         model, clean_tokens, noised_tokens, positions, **common)
-  options = FlashBlockDiffusion(
-      block_size, kernel=kernel, mask_mode="dynamic", q_tile=q_tile,
-      kv_tile=kv_tile, interpret=interpret,
-      tokamax_implementation=tokamax_implementation, two_stream=True)
   _check_flash_mesh()
   positions = jnp.asarray(positions, jnp.int32)
   twice = lambda x: None if x is None else jnp.concatenate([x, x], axis=1)
-  carrier = model_segment_ids(
-      twice(positions), segment_ids=twice(segment_ids),
-      validity=twice(validity), position_aware=True)
   tokens = jnp.concatenate([clean_tokens, noised_tokens], axis=1)
   source = modeling.two_stream_source_index(positions, **common)
-  with enable_block_diffusion_attention(model, **dataclasses.asdict(options)):
-    # The output head runs on the L source slots only, not on all 2L.
-    return modeling.call_model(
-        model, tokens, twice(positions), None, segment_ids=carrier,
-        pick=modeling.source_picker(source))
+
+  def forward(mode: str) -> jax.Array:
+    options = FlashBlockDiffusion(
+        block_size, kernel=kernel, mask_mode=mode, q_tile=q_tile,
+        kv_tile=kv_tile, interpret=interpret,
+        tokamax_implementation=tokamax_implementation, two_stream=True)
+    carrier = model_segment_ids(
+        twice(positions), segment_ids=twice(segment_ids),
+        validity=twice(validity), position_aware=options.position_aware)
+    with enable_block_diffusion_attention(model,
+                                          **dataclasses.asdict(options)):
+      # The output head runs on the L source slots only, not on all 2L.
+      return modeling.call_model(
+          model, tokens, twice(positions), None, segment_ids=carrier,
+          pick=modeling.source_picker(source))
+
+  if kernel == "tokamax" or mask_mode == "dynamic":
+    return forward("dynamic")
+  matches = splash.static_mask_matches(
+      positions, block_size, segment_ids=segment_ids, validity=validity)
+  return splash.static_or_dynamic(mask_mode, matches,
+                                  lambda: forward("static"),
+                                  lambda: forward("dynamic"))
 
 
 def chosen_logits(
@@ -338,8 +357,10 @@ def chosen_logits(
     tile = attention.tile_for(length, backend)
     scope = splash_branch(model, tile)
     tiles = dict(q_tile=tile, kv_tile=tile, interpret=attention.interpret)
-    if clean_tokens is None:  # two-stream has its own (dynamic) mask
-      tiles["mask_mode"] = attention.mask_mode
+    # `auto` keeps its meaning for the single stream; the two-stream call
+    # takes it as `dynamic` (its old, always-right default).
+    tiles["mask_mode"] = attention.mask_mode if (
+        clean_tokens is None or attention.mask_mode != "auto") else "dynamic"
   # Outside the scope a model is on its own path: dense masks, or the flash
   # branch where it was built with one.
   with scope:

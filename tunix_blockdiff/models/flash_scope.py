@@ -47,8 +47,9 @@ class FlashBlockDiffusion:
     interpret: Pallas interpret mode; default True off TPU.
     tokamax_implementation: Tokamax implementation; default by backend.
     two_stream: The rows are `[x0 | xt]` (length 2L, both halves at the
-      same positions) under the two-stream mask (`masks.two_stream_mask`);
-      position-aware masks only, logical order only.
+      same positions) under the two-stream mask (`masks.two_stream_mask`):
+      the lazy `TwoStreamBlockMask` with segment ids (`static`) or the
+      position-aware one (`dynamic`); logical order only.
   """
 
   block_size: int
@@ -81,10 +82,10 @@ class FlashBlockDiffusion:
       splash.block_sizes(self.q_tile or 128, self.kv_tile or 128)
     if self.kernel == "tokamax":
       tokamax_path.resolve_implementation(self.tokamax_implementation)
-    if self.two_stream and (self.cp_size != 1 or not self.position_aware):
+    if self.two_stream and (self.cp_size != 1 or self.mask_mode == "auto"):
       raise ValueError(
-          "two_stream attention needs cp_size=1 and a position-aware mask"
-          f" (mask_mode='dynamic' or kernel='tokamax'), got cp_size="
+          "two_stream attention needs cp_size=1 and mask_mode 'static' or"
+          f" 'dynamic' (chosen per batch by its caller), got cp_size="
           f"{self.cp_size}, mask_mode={self.mask_mode!r}")
 
   @property
@@ -216,6 +217,8 @@ class _MaskLibProxy:
           "block-diffusion flash attention needs square self-attention, got"
           f" shape={shape}, offset={offset}"
       )
+    if options.two_stream:
+      return splash.TwoStreamBlockMask(shape[0], options.block_size)
     return splash.block_causal_splash_mask(
         shape[0], options.block_size, cp_size=options.cp_size, kv_reordered=True
     )
