@@ -53,7 +53,7 @@ for name in $all; do
     # shellcheck disable=SC2086  # SFT_STEP_ARGS is a list of flags
     step sft_step_real 600 python3 benchmarks/sft_step.py \
       --model qwen3_0p6b --dtype bfloat16 --attention auto \
-      --sequential ${SFT_STEP_ARGS:---length 2048 --batch 1 --rounds 3}
+      --sequential ${SFT_STEP_ARGS:---length 2048 --batch 4 --rounds 3 --head-chunk 1024 --streams single,two_stream}
   elif [[ $name == diffusion_gemma_real ]]; then
     # DiffusionGemma-26B-A4B's layer widths at 2 layers: LoRA step + sampler.
     step diffusion_gemma_real 600 python3 benchmarks/diffusion_gemma_step.py \
