@@ -8,6 +8,8 @@ are in `runs.rl_data`.
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 import pathlib
 from typing import Sequence
@@ -106,6 +108,9 @@ def scoring_attention(cfg, sft_cfg, policy):
          "attention_tile": section.get("attention_tile")})
   else:
     attention = common.attention_config_from(sft_cfg.model)
+  # Rollout rows are laid out by the engine, not by the SFT packing the
+  # recipe's mask mode was chosen for: the per-example mask, always right.
+  attention = dataclasses.replace(attention, mask_mode="dynamic")
   # The scorers' one model call is two-stream over the scored rows.
   length = 2 * (int(section.max_prompt_length) + int(
       section.max_tokens_to_generate))
