@@ -2,7 +2,8 @@
 # The accelerator checks, in one pass, on a GPU or a TPU: generation at real
 # sizes (Tunix's Sampler against the cached generate, with a floor), its
 # per-op profile at batch 128, the SFT step at a real size (Splash on a
-# TPU; SFT_STEP_ARGS overrides its shape), then the
+# TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
+# 4 x 4096, then the
 # rollout, attention, SFT-step and DiffusionGemma-sampler benchmarks, then
 # (given a finished `benchmarks/convert_code.py --out RUN`) the converted
 # models re-timed against their AR peer by `benchmarks/convert_speed.py`.
@@ -36,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation profile_generation sft_step_real diffusion_gemma_real rollout attention sft_step diffusion_gemma_sampler"
+all="generation profile_generation sft_step_real sft_step_long diffusion_gemma_real rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -54,6 +55,12 @@ for name in $all; do
     step sft_step_real 600 python3 benchmarks/sft_step.py \
       --model qwen3_0p6b --dtype bfloat16 --attention auto \
       --sequential ${SFT_STEP_ARGS:---length 2048 --batch 4 --rounds 3 --head-chunk 1024 --streams single,two_stream}
+  elif [[ $name == sft_step_long ]]; then
+    # The two-stream step at 4 x 4096 (issue 36: fits at batch 4?).
+    step sft_step_long 300 python3 benchmarks/sft_step.py \
+      --model qwen3_0p6b --dtype bfloat16 --attention auto --sequential \
+      --length 4096 --batch 4 --rounds 2 --head-chunk 1024 --remat decoder \
+      --streams two_stream --no-causal
   elif [[ $name == diffusion_gemma_real ]]; then
     # DiffusionGemma-26B-A4B's layer widths at 2 layers: LoRA step + sampler.
     step diffusion_gemma_real 600 python3 benchmarks/diffusion_gemma_step.py \
