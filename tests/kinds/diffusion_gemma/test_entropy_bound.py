@@ -136,6 +136,14 @@ def test_inverse_cdf_sampling_matches_the_distribution():
   _, entropy, top = eb.sample_with_entropy(keys[0], logits)
   np.testing.assert_allclose(entropy, eb.token_entropy(logits), rtol=1e-5)
   assert int(top[0, 0]) == 0
+  # A -inf logit is never drawn and adds nothing to the entropy.
+  masked = jnp.log(jnp.array([[[0.6, 0.4, 0.0]]]))
+  draws, entropy, top = jax.vmap(
+      lambda k: eb.sample_with_entropy(k, masked))(keys[:2000])
+  assert set(np.unique(np.asarray(draws))) <= {0, 1}
+  want = -(0.6 * np.log(0.6) + 0.4 * np.log(0.4))
+  np.testing.assert_allclose(np.asarray(entropy), want, rtol=1e-5)
+  assert np.all(np.asarray(top) == 0)
 
 
 # One program per vocabulary size (eager, every op compiled per size).
