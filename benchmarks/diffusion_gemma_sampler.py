@@ -18,6 +18,7 @@ medians are reported. Two sizes: the tiny recipe's model, and a wider one
 
     python benchmarks/diffusion_gemma_sampler.py
     tunix-blockdiff bench diffusion_gemma_sampler --repeats 3
+    python benchmarks/diffusion_gemma_sampler.py --draw-only 2 256 65536
 """
 
 from __future__ import annotations
@@ -132,6 +133,38 @@ def measure(name: str, *, batch: int, prompt: int, steps: int,
   )
 
 
+def stored_log_softmax_draw(key, logits):
+  """The draw as it was: a stored log-softmax, its exponent, a separate
+  argmax (`--draw-only`'s reference for `sample_with_entropy`)."""
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  probs = jnp.exp(logp)
+  entropy = -jnp.sum(probs * logp, axis=-1)
+  u = jax.random.uniform(key, logits.shape[:-1], jnp.float32)
+  return (entropy_bound.inverse_cdf(probs, u), entropy,
+          entropy_bound.first_argmax(logits))
+
+
+def measure_draw(batch: int, canvas: int, vocab: int, repeats: int) -> dict:
+  """One step's draw alone (`sample_with_entropy`) against the stored
+  log-softmax reference, on [batch, canvas, vocab] random logits,
+  interleaved in one process."""
+  logits = 3.0 * jax.random.normal(jax.random.key(1), (batch, canvas, vocab))
+  key = jax.random.key(0)
+  programs = {"sample_with_entropy": jax.jit(entropy_bound.sample_with_entropy),
+              "stored log-softmax": jax.jit(stored_log_softmax_draw)}
+  times = {name: [] for name in programs}
+  for program in programs.values():
+    jax.block_until_ready(program(key, logits))  # compile
+  for _ in range(repeats):
+    for name, program in programs.items():
+      start = time.perf_counter()
+      jax.block_until_ready(program(key, logits))
+      times[name].append(time.perf_counter() - start)
+  ms = {name: 1e3 * statistics.median(t) for name, t in times.items()}
+  return dict(batch=batch, canvas=canvas, vocab=vocab, ms=ms,
+              speedup=ms["stored log-softmax"] / ms["sample_with_entropy"])
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--batch", type=int, default=8)
@@ -143,7 +176,17 @@ def main() -> None:
   parser.add_argument("--dtype", default="float32",
                       choices=("float32", "bfloat16"))
   parser.add_argument("--out", default=None, help="write the rows as JSON")
+  parser.add_argument("--draw-only", type=int, nargs=3, default=None,
+                      metavar=("B", "C", "V"),
+                      help="time one step's draw alone at [B, C, V] against"
+                      " the stored log-softmax reference")
   args = parser.parse_args()
+  if args.draw_only:
+    r = measure_draw(*args.draw_only, repeats=args.repeats)
+    print(f"draw at [{r['batch']}, {r['canvas']}, {r['vocab']}]: "
+          + ", ".join(f"{k} {v:.1f} ms" for k, v in r["ms"].items())
+          + f"; {r['speedup']:.2f}x")
+    return
   rows = [measure(name, batch=args.batch, prompt=args.prompt,
                   steps=args.steps, repeats=args.repeats, dtype=args.dtype)
           for name in args.sizes]

@@ -96,8 +96,8 @@ def sample_with_entropy(key: jax.Array, logits: jax.Array):
   `log sum e + max - sum(e z) / sum e`, the draw reads `e` (the inverse CDF
   is scale-free) and the argmax is the first index at the max. At a real
   vocabulary this is a few passes over [B, C, V] instead of a stored
-  log-softmax, its exponent and a separate argmax (1.6x faster on the CPU at
-  [2, 256, 65536]).
+  log-softmax, its exponent and a separate argmax (1.5x faster on the CPU at
+  [2, 256, 65536]: `benchmarks/diffusion_gemma_sampler.py --draw-only`).
 
   Args:
     key: PRNG key.
