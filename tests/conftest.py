@@ -174,3 +174,31 @@ def dg_two_step_sft(tmp_path_factory) -> pathlib.Path:
   assert cli.main(["sft", "diffusion_gemma_tiny.yaml", *dg_sizes.TWO_STEPS,
                    f"output_dir={out}"]) == 0
   return out
+
+
+# The suite's longest tests (multi-process, kill-and-resume and whole-job
+# runs: 30-135 s each on 2 cores), scheduled first so that xdist's two
+# workers do not end with one of them alone on a long test. Modules keep
+# their own order (stable sort), so module fixtures are built once as before.
+_LONG_FIRST = (
+    "tests/kinds/diffusion_gemma/test_rl.py",
+    "tests/test_distributed.py",
+    "tests/jobs/test_rl_resume.py",
+    "tests/jobs/test_opd_resume.py",
+    "tests/jobs/test_rl_opd_many_processes.py",
+    "tests/kinds/diffusion_gemma/test_sft.py",
+    "tests/benchmarks/test_convert_code.py",
+    "tests/benchmarks/test_default_recipe.py",
+    "tests/kinds/diffusion_gemma/test_opd.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+  del config
+
+  def rank(item) -> int:
+    path = item.nodeid.split("::", 1)[0]
+    return next((i for i, p in enumerate(_LONG_FIRST) if path == p),
+                len(_LONG_FIRST))
+
+  items.sort(key=rank)
