@@ -76,7 +76,26 @@ def logical_index(physical, seq_len: int, cp_size: int):
   return logical_chunk * chunk + within
 
 
-class BlockCausalMask(splash_mask._ComputableMask):  # pylint: disable=protected-access
+class _ValueMask(splash_mask._ComputableMask):  # pylint: disable=protected-access
+  """A lazy mask equal to another of its class with the same `_key()`.
+
+  Splash caches mask info per mask and `jit` takes masks as static
+  arguments, so two masks built alike must compare and hash equal.
+  """
+
+  def _key(self) -> tuple:
+    raise NotImplementedError
+
+  def __eq__(self, other: object):
+    if type(other) is not type(self):
+      return NotImplemented
+    return self._key() == other._key()
+
+  def __hash__(self):
+    return hash(self._key())
+
+
+class BlockCausalMask(_ValueMask):
   """Lazy block-causal mask: `(q + q_offset) // B >= kv // B`.
 
   Attributes:
@@ -108,14 +127,6 @@ class BlockCausalMask(splash_mask._ComputableMask):  # pylint: disable=protected
   def _key(self) -> tuple:
     return (type(self), self.shape, self.block_size, self.q_offset)
 
-  def __eq__(self, other: object):
-    if not isinstance(other, BlockCausalMask):
-      return NotImplemented
-    return self._key() == other._key()
-
-  def __hash__(self):
-    return hash(self._key())
-
   def __repr__(self):
     return (
         f"BlockCausalMask(shape={self.shape}, block_size={self.block_size},"
@@ -123,7 +134,7 @@ class BlockCausalMask(splash_mask._ComputableMask):  # pylint: disable=protected
     )
 
 
-class LoadBalancedBlockCausalMask(splash_mask._ComputableMask):  # pylint: disable=protected-access
+class LoadBalancedBlockCausalMask(_ValueMask):
   """Block-causal mask over load-balanced (context-parallel) physical order.
 
   Query row i holds logical position `load_balance_order(L, cp)[i]` (carried
@@ -177,14 +188,6 @@ class LoadBalancedBlockCausalMask(splash_mask._ComputableMask):  # pylint: disab
         self.kv_reordered,
     )
 
-  def __eq__(self, other: object):
-    if not isinstance(other, LoadBalancedBlockCausalMask):
-      return NotImplemented
-    return self._key() == other._key()
-
-  def __hash__(self):
-    return hash(self._key())
-
   def __repr__(self):
     return (
         f"LoadBalancedBlockCausalMask(seq_len={self.shape[0]},"
@@ -193,7 +196,7 @@ class LoadBalancedBlockCausalMask(splash_mask._ComputableMask):  # pylint: disab
     )
 
 
-class TwoStreamBlockMask(splash_mask._ComputableMask):  # pylint: disable=protected-access
+class TwoStreamBlockMask(_ValueMask):
   """Lazy two-stream (BD3-LM) mask over `[x0 | xt]` rows of length 2L.
 
   Physical index i < L is clean slot i, i >= L noised slot i - L; a slot's
@@ -232,14 +235,6 @@ class TwoStreamBlockMask(splash_mask._ComputableMask):  # pylint: disable=protec
 
   def _key(self) -> tuple:
     return (type(self), self.shape, self.block_size)
-
-  def __eq__(self, other: object):
-    if not isinstance(other, TwoStreamBlockMask):
-      return NotImplemented
-    return self._key() == other._key()
-
-  def __hash__(self):
-    return hash(self._key())
 
   def __repr__(self):
     return (f"TwoStreamBlockMask(length={self.shape[0]},"
