@@ -214,8 +214,9 @@ class AttentionConfig:
       layout, materialised per head and layer) or `auto` (static where the
       batch allows it, else dynamic: under `jit` a `lax.cond` over the
       whole model, and under a gradient both variants' activations are
-      kept, 1.5x the memory on CPU and out of a v5e's HBM at Qwen3-0.6B,
-      4 x 2048; right for inference, not for training).
+      kept, 1.5-1.7x the memory on CPU (`benchmarks/mask_memory.py`) and
+      out of a v5e's HBM at Qwen3-0.6B, 4 x 2048; right for inference, not
+      for training).
   """
 
   implementation: str = "dense"
