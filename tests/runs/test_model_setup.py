@@ -6,6 +6,7 @@ import numpy as np
 import omegaconf
 import pytest
 
+from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.runs import common
 from tunix_blockdiff.runs import model_setup
 from tunix_blockdiff.models import tiny
@@ -93,7 +94,6 @@ def test_traced_lora_equals_the_eager_qwix_call_and_shares_the_base(family):
     ("none", 1, "static"), ("block_aligned", 1, "static"),
     ("unaligned", 1, "dynamic"), ("none", 2, "dynamic")])
 def test_training_mask_mode_follows_the_data_layout(packing, cp_size, want):
-  from tunix_blockdiff import config as config_lib  # pylint: disable=g-import-not-at-top
   auto = config_lib.AttentionConfig("splash")
   assert auto.mask_mode == "auto"
   chosen = model_setup.training_mask_mode(auto, packing, cp_size)
