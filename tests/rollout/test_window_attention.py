@@ -1,7 +1,7 @@
 """`rollout.window_attention`: the cached driver's model call and cache writes.
 
 The attention core against a NumPy reference over the concatenated keys;
-`write_rows` against NumPy for any distinct start slots; `window_call` on
+`write_blocks` against NumPy for any start slots and chosen rows; `window_call` on
 every family against the Tunix model's own full-sequence logits; the
 refusal of a model it does not know; and a flash-configured model, which
 the driver now runs with its own attention.
@@ -72,23 +72,37 @@ def test_attend_equals_attention_over_the_concatenated_keys(seed, parts):
 
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
-def test_write_rows_puts_each_rows_block_at_its_own_slots(data):
-  layers, b, kh, s, h, w = 2, 3, 2, 12, 4, 4
-  start = np.array([data.draw(st.integers(0, s - w)) for _ in range(b)])
+def test_write_blocks_puts_each_chosen_rows_block_at_its_own_slots(data):
+  layers, b, kh, s, h, w = 2, 4, 2, 12, 4, 4
+  # Starts drawn from few values, so rows often share one (one update).
+  start = np.array(data.draw(st.lists(st.sampled_from([0, 3, 4, s - w]),
+                                      min_size=b, max_size=b)))
+  rows = np.array(data.draw(st.lists(st.booleans(), min_size=b, max_size=b)))
   rng = np.random.default_rng(int(start.sum()))
   cache = rng.normal(size=(layers, b, kh, s, h)).astype(np.float32)
   block = rng.normal(size=(layers, b, kh, w, h)).astype(np.float32)
-  out = wa.write_rows(
+  out = wa.write_blocks(
       wa.Cache(jnp.asarray(cache), jnp.asarray(cache)),
       wa.Cache(jnp.asarray(block), jnp.asarray(-block)),
-      jnp.asarray(start, jnp.int32))
-  want = cache.copy()
-  for row in range(b):
-    want[:, row, :, start[row]:start[row] + w] = block[:, row]
-  np.testing.assert_array_equal(np.asarray(out.k), want)
-  for row in range(b):
-    want[:, row, :, start[row]:start[row] + w] = -block[:, row]
-  np.testing.assert_array_equal(np.asarray(out.v), want)
+      jnp.asarray(start, jnp.int32), jnp.asarray(rows))
+  for got, sign in ((out.k, 1), (out.v, -1)):
+    want = cache.copy()
+    for row in np.flatnonzero(rows):
+      want[:, row, :, start[row]:start[row] + w] = sign * block[:, row]
+    np.testing.assert_array_equal(np.asarray(got), want)
+
+
+def test_write_blocks_is_an_update_not_a_scatter_over_the_rows():
+  """XLA's TPU backend loops a per-row scatter over the rows; no scatter."""
+  b, s, w = 3, 16, 4
+  cache = wa.Cache(jnp.zeros((2, b, 2, s, 4)), jnp.zeros((2, b, 2, s, 4)))
+  block = wa.Cache(jnp.ones((2, b, 2, w, 4)), jnp.ones((2, b, 2, w, 4)))
+  args = (cache, block, jnp.full((b,), 8, jnp.int32), jnp.ones((b,), bool))
+  out = wa.write_blocks(*args)
+  np.testing.assert_array_equal(np.asarray(out.k[:, :, :, 8:12]), 1.0)
+  assert float(out.k.sum()) == float(block.k.sum())
+  hlo = jax.jit(wa.write_blocks).lower(*args).as_text()
+  assert "dynamic_update_slice" in hlo and "scatter" not in hlo
 
 
 def test_init_cache_stacks_every_layer():
@@ -124,9 +138,9 @@ def test_window_call_gives_the_models_own_logits(family):
   prefix_mask = block_causal[:, :prefix, :prefix]
   _, keys, values = wa.window_call(model, tokens[:, :prefix],
                                    positions[:, :prefix], [], prefix_mask)
-  cache = wa.write_rows(wa.init_cache(model, b, 16, dtype),
-                        wa.as_block(keys, values, prefix),
-                        jnp.zeros((b,), jnp.int32))
+  cache = wa.write_blocks(wa.init_cache(model, b, 16, dtype),
+                          wa.as_block(keys, values, prefix),
+                          jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool))
   valid = jnp.broadcast_to(jnp.arange(16) < prefix, (b, 16))
   got, _, _ = wa.window_call(
       model, tokens[:, prefix:], positions[:, prefix:], [(cache, valid)],

@@ -6,14 +6,21 @@ calls the model only on one block-wide window per row against a KV cache of
 the row's clean earlier blocks, so the cost of a step is proportional to the
 block, not the sequence.
 
-Cache layout. The cache holds each row in *logical* order: slot k is the
-row's logical position k, for k < T = ceil((P + N) / W) * W (`[L, B, K,
-T, H]` for keys and for values, `window_attention.Cache`). A row attends to its slots
-[0, written) and to the call's own window (`window_attention.window_call`,
-which reads the cache and returns the window's keys instead of writing
-them), so rows need not agree on anything: each row keeps its own logical
-block grid and its own active block, exactly as in `denoise` (rows advance
-independently, so the commit steps match the cacheless program).
+Cache layout. The tokens are kept in each row's *logical* order (slot k is
+the row's logical position k, k < T = ceil((P + N) / W) * W); the KV cache
+(`[L, B, K, S, H]` for keys and for values, `window_attention.Cache`) holds
+them shifted by whole blocks, so that every row's first block after its
+prefilled prompt blocks starts at the same cache slot: logical slot k of row
+b is cache slot k + shift[b], shift[b] = floor(P / W) * W - floor(len[b] /
+W) * W. Rows in phase (every row under one step per block, and most rows
+under static schedules) then write their finished blocks at one shared slot,
+one in-place update of all rows (`window_attention.write_blocks`). A row
+attends to its own cached slots (`valid`) and to the call's own window
+(`window_attention.window_call`, which reads the cache and returns the
+window's keys instead of writing them), so rows need not agree on anything:
+each row keeps its own logical block grid and its own active block, exactly
+as in `denoise` (rows advance independently, so the commit steps match the
+cacheless program).
 
 Blocks. The grid is absolute from logical position 0. The complete prompt
 blocks of each row (`floor(len / W)` of them) are prefilled once. A prompt
@@ -22,9 +29,10 @@ completion slots; under block-causal attention those prompt slots attend to
 the (changing) completion slots, so that block is denoised like any other,
 its prompt slots fixed clean. A block's clean keys and values are written
 once, when it is final: the first step of the next block (a *fused* step)
-runs the model on `[finished block | active block]` (2W slots) and writes
-the finished half's keys and values at the row's slots [written, written +
-W) in place; the other (*plain*) steps run on the active block alone and
+runs the model on `[finished block | active block]` (2W slots), and the
+finished half's keys and values go into the cache, in place, at the row's
+slots [written, written + W) (shifted), before the next fused step reads
+it; the other (*plain*) steps run on the active block alone and
 write nothing.
 
 Loop. No `lax.cond` picks between the two call shapes (a conditional that
@@ -60,8 +68,8 @@ class _CachedState(NamedTuple):
   logprobs: jax.Array  # float32 [B, T]
   block_steps: jax.Array  # int32 [B]
   last_block: jax.Array  # int32 [B]
-  cache: window_attention.Cache  # slots [0, fresh_start) hold clean keys
-  written: jax.Array  # int32 [B] slots [0, written) are final, clean keys
+  cache: window_attention.Cache  # logical slots [0, fresh_start), shifted
+  written: jax.Array  # int32 [B] logical slots [0, written) are final
   # The block finished by the last fused step, not yet in `cache`: its keys
   # [B, K, W, H] per layer, its slot and whether each row finished one.
   fresh: window_attention.Cache
@@ -104,28 +112,41 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     return window_attention.window_call(
         model, tokens, call_positions, parts, window_mask, pick)
 
-  # Prefill the complete prompt blocks: slots [0, floor(len / W) * W).
-  cache = window_attention.init_cache(
-      model, batch, total, kv_cache.activation_dtype(model))
+  # The cache: logical slot k of row b at cache slot k + shift[b] (module
+  # docstring), so every row's prefilled blocks end at `prefill_len`.
   written = (lengths // width) * width
+  prefill_len = (prompt_width // width) * width
+  shift = prefill_len - written
+  size = prefill_len + -(-(width - 1 + num_new) // width) * width  # S
+  cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
+
+  def cached(limit):
+    """bool [B, S]: the cache slots of each row's logical [0, limit)."""
+    return ((cache_slot >= shift[:, None])
+            & (cache_slot < (limit + shift)[:, None]))
+
+  cache = window_attention.init_cache(
+      model, batch, size, kv_cache.activation_dtype(model))
   # The shifted alignment's carried logit; a placeholder otherwise.
   shifted = config.alignment == "shifted"
   carry = jnp.zeros((batch, vocab if shifted else 1), jnp.float32)
-  prefill_len = (prompt_width // width) * width
   if prefill_len:
+    # The complete prompt blocks, in the cache's order: cache slot p holds
+    # logical slot p - shift (none where that is negative).
+    logical = cache_slot[:, :prefill_len] - shift[:, None]
+    keys_ok = logical >= 0
+    logical = jnp.maximum(logical, 0)
     q_slot = jnp.arange(prefill_len, dtype=jnp.int32)
-    keys_ok = q_slot[None, :] < written[:, None]
     mask = keys_ok[:, None, :] & (
         q_slot[None, None, :] // width <= q_slot[None, :, None] // width)
-    # Logits only of each row's last prefilled slot (shifted; else one
-    # unused slot): the whole prompt's would be [B, P, V] float32.
-    last = jnp.clip(written - 1, 0, prefill_len - 1)
+    # Logits only of the last prefilled slot, logical written - 1 in every
+    # row (shifted; else unused): the whole prompt's would be [B, P, V].
     logits, keys, values = call(
-        tokens0[:, :prefill_len], positions[:, :prefill_len], [], mask,
-        lambda x: jnp.take_along_axis(x, last[:, None, None], axis=1))
-    cache = window_attention.write_rows(
+        jnp.take_along_axis(tokens0, logical, axis=1), logical, [], mask,
+        lambda x: x[:, -1:])
+    cache = window_attention.write_blocks(
         cache, window_attention.as_block(keys, values, prefill_len),
-        jnp.zeros_like(written))
+        jnp.zeros_like(written), jnp.ones_like(written, bool))
     if shifted:
       carry = logits[:, 0]
 
@@ -144,7 +165,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     tokens = kv_cache.row_slice(state.tokens, block_start, width)
     mask = jnp.broadcast_to(window_valid[:, None, :], (batch, width, width))
     parts = [
-        (state.cache, slot < state.fresh_start[:, None]),
+        (state.cache, cached(state.fresh_start)),
         (state.fresh,
          jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
     ]
@@ -158,8 +179,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     # The previous fresh block goes into the cache first, so that the
     # cache is written only where nothing of this step has read it yet
     # (XLA then writes in place instead of copying the cache).
-    cache = window_attention.write_rows(state.cache, state.fresh,
-                                        state.fresh_start)
+    cache = window_attention.write_blocks(
+        state.cache, state.fresh, state.fresh_start + shift, state.fresh_valid)
     write_start = state.written
     write_positions = write_start[:, None] + offsets[None, :]
     write_valid = pending[:, None] & (write_positions < ends[:, None])
@@ -182,7 +203,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     # block's last (the active block's first target) on.
     first = width - 1 if shifted else width
     logits, keys, values = call(
-        tokens, call_positions, [(cache, slot < state.written[:, None])],
+        tokens, call_positions, [(cache, cached(state.written))],
         mask, lambda x: x[:, first:first + width])
     carry = state.carry
     if shifted:

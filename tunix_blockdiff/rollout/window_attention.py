@@ -13,10 +13,10 @@ window's own keys, and the window's keys and values handed back instead of
 written. The driver writes a finished block's slots itself, in place.
 
 Cache layout: `k, v: [L, B, K, S, H]`, every layer in one array (so that a
-block write is one scatter over the rows, not one per layer), key heads
-before slots (a step's reads and the driver's block writes agree on one
-layout); a slot is a row's logical position, and `valid [B, S]` says which
-slots hold keys.
+block write is one update of all layers), key heads before slots (a step's
+reads and the driver's block writes agree on one layout); `valid [B, S]`
+says which slots hold keys (the driver decides which slot holds which
+position: attention does not depend on the order of the keys).
 
 Families: Qwen3, Qwen2, Llama3, Gemma3 (Tunix 0.1.7's attention code,
 mirrored up to its cache write). Gemma3's sliding window is not applied:
@@ -230,9 +230,8 @@ class _WindowAttention(nnx.Module):
 class Cache(NamedTuple):
   """The driver's KV cache: keys and values of every layer [L, B, K, S, H].
 
-  One array for all layers (not one per layer): a write of a block per row
-  is then one scatter over the B rows, where per-layer arrays made it 2L
-  scatters, each of which XLA's TPU backend runs as a loop over the rows.
+  One array for all layers (not one per layer): a block write is then one
+  update of all layers, where per-layer arrays made it 2L updates.
   """
 
   k: jax.Array
@@ -301,29 +300,36 @@ def as_block(keys, values, size: int) -> Cache:
                jnp.stack([jnp.swapaxes(v[:, :size], 1, 2) for v in values]))
 
 
-def write_rows(cache: Cache, block: Cache, start) -> Cache:
-  """Writes `block` ([L, B, K, W, H]) at each row's slots [start, +W).
+def write_blocks(cache: Cache, block: Cache, start, rows) -> Cache:
+  """Writes `block` ([L, B, K, W, H]) at slots [start, +W) of the chosen rows.
 
-  One scatter per array (keys, values) over the B rows, whose windows are
-  declared distinct, sorted and in bounds (they are: one per row), so that
-  XLA writes them in place.
+  One `dynamic_update_slice` of every row per distinct start among the
+  chosen rows, the rows at other starts (and rows not chosen) keeping their
+  slots: rows that write at one shared slot (the cached driver's rows in
+  phase) cost one in-place update. A scatter of a block per row was a loop
+  over the rows on XLA's TPU backend (3.0 ms a step at batch 128).
 
   Args:
-    cache: The cache.
+    cache: The cache ([L, B, K, S, H] keys and values).
     block: The slots to write, in the cache's layout.
     start: int32 [B] each row's first slot, start + W <= S.
+    rows: bool [B] the rows to write.
   """
-  batch = start.shape[0]
-  indices = jnp.stack([jnp.arange(batch, dtype=jnp.int32),
-                       start.astype(jnp.int32)], axis=1)
-  numbers = jax.lax.ScatterDimensionNumbers(
-      update_window_dims=(1, 2, 3, 4), inserted_window_dims=(1,),
-      scatter_dims_to_operand_dims=(1, 3))
+  width, size = block.k.shape[3], cache.k.shape[3]
+  start = start.astype(jnp.int32)
 
-  def put(array, new):
-    return jax.lax.scatter(
-        array, indices, jnp.moveaxis(new, 1, 0).astype(array.dtype), numbers,
-        indices_are_sorted=True, unique_indices=True,
-        mode=jax.lax.GatherScatterMode.PROMISE_IN_BOUNDS)
+  def body(carry):
+    k, v, todo = carry
+    at = jnp.min(jnp.where(todo, start, size - width))
+    here = (todo & (start == at))[None, :, None, None, None]
 
-  return Cache(put(cache.k, block.k), put(cache.v, block.v))
+    def put(array, new):
+      old = jax.lax.dynamic_slice_in_dim(array, at, width, axis=3)
+      new = jnp.where(here, new.astype(array.dtype), old)
+      return jax.lax.dynamic_update_slice_in_dim(array, new, at, axis=3)
+
+    return put(k, block.k), put(v, block.v), todo & ~here[0, :, 0, 0, 0]
+
+  k, v, _ = jax.lax.while_loop(lambda c: jnp.any(c[2]), body,
+                               (cache.k, cache.v, rows.astype(bool)))
+  return Cache(k, v)
