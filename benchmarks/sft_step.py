@@ -186,10 +186,12 @@ def _row(args, name: str, m: dict, causal: dict | None) -> str:
   # The optimizer update's FLOPs are left out (small next to the pass).
   mfu = m["useful"] * 1e9 / best / (args.peak_tflops * 1e12)
   tokens = args.batch * args.length
+  def times(x):  # n/a without the causal step (--no-causal)
+    return "n/a" if x != x else f"{x:.2f}x"
+
   return (
-      f"| {name} | {best:.3f} | {best / c_best:.2f}x |"
-      f" {median / c_median:.2f}x |"
-      f" {'n/a' if ratio != ratio else f'{ratio:.2f}x'} |"
+      f"| {name} | {best:.3f} | {times(best / c_best)} |"
+      f" {times(median / c_median)} | {times(ratio)} |"
       f" {tokens / best:,.0f} | {100 * mfu:.1f}% | {m['compile']:.1f} |"
       + (f" {m['peak']:.2f} |" if args.sequential else "")
   )
