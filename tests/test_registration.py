@@ -39,7 +39,7 @@ def test_register_makes_the_losses_available_and_is_idempotent(caplog):
 
 def test_lazy_public_names_resolve():
   assert tunix_blockdiff.register is registration.register
-  from tunix_blockdiff.rollout import engine  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.rl import engine  # pylint: disable=g-import-not-at-top
 
   assert tunix_blockdiff.BlockDiffusionRollout is engine.BlockDiffusionRollout
 

@@ -41,7 +41,7 @@ _LAZY = {
     "DenoiseResult": ("tunix_blockdiff.rollout.denoise", "DenoiseResult"),
     "generate": ("tunix_blockdiff.rollout.cached", "generate"),
     "BlockDiffusionTrainer": ("tunix_blockdiff.trainer", "BlockDiffusionTrainer"),
-    "BlockDiffusionRollout": ("tunix_blockdiff.rollout.engine", "BlockDiffusionRollout"),
+    "BlockDiffusionRollout": ("tunix_blockdiff.rl.engine", "BlockDiffusionRollout"),
     "register": ("tunix_blockdiff.registration", "register"),
     "BlockDiffusionBatchAdapter": ("tunix_blockdiff.upstream", "BlockDiffusionBatchAdapter"),
     "BlockDiffusionLogitsFn": ("tunix_blockdiff.upstream", "BlockDiffusionLogitsFn"),

@@ -25,7 +25,7 @@ from tunix_blockdiff.rl import learners
 from tunix_blockdiff.rl import likelihood
 from tunix_blockdiff.rl import trainer as trainer_lib
 from tunix_blockdiff.rollout import cached
-from tunix_blockdiff.rollout import engine as engine_lib
+from tunix_blockdiff.rl import engine as engine_lib
 
 tunix_blockdiff.register()
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from tunix_blockdiff import tasks
-from tunix_blockdiff.rollout import engine
+from tunix_blockdiff.rl import engine
 from tunix_blockdiff.rollout import prompts
 from tunix_blockdiff.rollout import sampling
 from tunix_blockdiff.rollout import weights

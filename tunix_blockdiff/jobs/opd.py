@@ -51,7 +51,7 @@ from tunix_blockdiff.runs import rl_reward
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import opd
 from tunix_blockdiff.rl import scoring
-from tunix_blockdiff.rollout import engine as engine_lib
+from tunix_blockdiff.rl import engine as engine_lib
 
 FIGURE_FILE = "opd.png"
 NUM_SAMPLES = 8

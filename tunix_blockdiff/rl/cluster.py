@@ -27,7 +27,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import utils as rl_utils
 
 from tunix_blockdiff.rl import trainer as rl_trainer_lib
-from tunix_blockdiff.rollout import engine as engine_lib
+from tunix_blockdiff.rl import engine as engine_lib
 
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode

@@ -19,7 +19,7 @@ from tunix.rl.grpo import grpo_learner
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import likelihood as likelihood_lib
-from tunix_blockdiff.rollout import engine as engine_lib
+from tunix_blockdiff.rl import engine as engine_lib
 
 
 class TraceLearnerMixin:

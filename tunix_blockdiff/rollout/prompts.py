@@ -1,6 +1,6 @@
 """Prompt tokenisation for rollouts: left-padded ids and the prompt mask.
 
-What the rollout engine (`rollout/engine.py`) and the trajectory scorer need
+What the rollout engine (`rl/engine.py`) and the trajectory scorer need
 from a batch of text prompts, apart from the engine itself: the
 left-padded int32 ids [B, P] (BOS first when the tokenizer has one, as
 Tunix's sampler encodes), each row's length, and the bool prompt mask of

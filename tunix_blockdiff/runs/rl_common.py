@@ -26,7 +26,7 @@ from tunix_blockdiff import errors
 from tunix_blockdiff.runs import common
 from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.runs import rl_data
-from tunix_blockdiff.rollout import engine as engine_lib
+from tunix_blockdiff.rl import engine as engine_lib
 
 Mode = rl_cluster_lib.Mode
 

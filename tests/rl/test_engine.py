@@ -12,7 +12,7 @@ from tunix.rl.rollout import base_rollout
 
 from tunix_blockdiff import tasks
 from tunix_blockdiff.models import tiny as tiny_models
-from tunix_blockdiff.rollout import engine as engine_lib
+from tunix_blockdiff.rl import engine as engine_lib
 
 TOKENIZER = tasks.CharTokenizer()
 PROMPTS = ["rev 123>", "rev 98>", "sort 5521>"]
