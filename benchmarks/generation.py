@@ -14,6 +14,9 @@ and at every batch size, side by side in one process:
   computed in the same call) against a full cache, without the transition:
   the cost a step of `generate` is measured against; and `write`, a fused
   step's cache write alone (one block per row into every layer's cache).
+* `--cache-phases 1,4`: each schedule also with its loop in 4 phases, each
+  reading only the prefix of the cache its steps use
+  (`generate(cache_phases=)`).
 
 Each program is compiled by a warm-up call and timed as the median of
 `--repeats` calls. The table gives the whole call, the prefill, the model
@@ -276,16 +279,18 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
                                       peak=peak)))
   _progress(rows[-1])
 
-  for name in args.schedules:
+  for name, phases in [(n, p) for n in args.schedules
+                       for p in args.cache_phases]:
     schedule = SCHEDULES[name]
     block = schedule["block_size"]
     denoise_config = config_lib.DenoiseConfig(mask_token_id=mask_id, **schedule)
     out, total = median_seconds(
         lambda c=denoise_config: cached.generate(
-            model, tokens, lengths, c, max_new_tokens=new).tokens,
+            model, tokens, lengths, c, max_new_tokens=new,
+            cache_phases=phases).tokens,
         args.repeats)
     result = cached.generate(model, tokens, lengths, denoise_config,
-                             max_new_tokens=new)
+                             max_new_tokens=new, cache_phases=phases)
     calls = int(result.num_steps)
     prefill = prefill_seconds(model, tokens, block, args.repeats)
     call = (total - prefill) / calls
@@ -307,7 +312,9 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
           write_ms=1e3 * write_seconds(
               model, batch, cache_len, block, args.raw_calls, args.repeats))
     rows.append(dict(
-        batch=batch, program="generate", schedule=name, seconds=total,
+        batch=batch,
+        program="generate" + (f", {phases} cache phases" if phases > 1 else ""),
+        schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
         speedup=ar_total / total, floor_ms=1e3 * floor, **raw))
@@ -351,6 +358,9 @@ def main(argv=None) -> int:
   parser.add_argument("--new-tokens", type=int, default=256)
   parser.add_argument("--schedules", default=",".join(SCHEDULES))
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--cache-phases", default="1",
+                      help="comma-separated `generate(cache_phases=)` values,"
+                      " each timed per schedule (e.g. 1,4)")
   parser.add_argument("--raw-calls", type=int, default=16,
                       help="window calls per raw-call timing (0: skip it)")
   parser.add_argument("--hbm-gbps", type=float, default=819.0)
@@ -361,6 +371,12 @@ def main(argv=None) -> int:
   for name in args.schedules:
     if name not in SCHEDULES:
       parser.error(f"--schedules: {name!r} is not one of {list(SCHEDULES)}")
+  try:
+    args.cache_phases = [int(p) for p in args.cache_phases.split(",")]
+  except ValueError:
+    parser.error(f"--cache-phases: integers, got {args.cache_phases!r}")
+  if min(args.cache_phases) < 1:
+    parser.error(f"--cache-phases: each >= 1, got {args.cache_phases}")
   model, config = build_model(args.model, args.dtype)
   sizes = Sizes.of(model, config)
   rows = []

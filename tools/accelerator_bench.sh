@@ -37,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation profile_generation sft_step_real sft_step_long diffusion_gemma_real rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases profile_generation sft_step_real sft_step_long diffusion_gemma_real rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -46,6 +46,12 @@ for name in $all; do
     step generation "${GENERATION_LIMIT:-600}" python3 benchmarks/generation.py \
       --model qwen3_0p6b --dtype bfloat16 \
       ${GENERATION_ARGS:---batch 1,32,128} --json "$out/generation.json"
+  elif [[ $name == generation_phases ]]; then
+    # The cached driver's loop in 4 phases against 1 (generate(cache_phases=)).
+    step generation_phases 420 python3 benchmarks/generation.py \
+      --model qwen3_0p6b --dtype bfloat16 --batch 128,32 --schedules b4s1 \
+      --cache-phases 1,4 --raw-calls 0 --repeats 2 \
+      --json "$out/generation_phases.json"
   elif [[ $name == profile_generation ]]; then
     step profile_generation 240 python3 benchmarks/profile_generation.py \
       --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedule b4s1 \

@@ -30,12 +30,14 @@ def test_every_program_runs_and_reports_its_columns(tmp_path, capsys):
   assert bench.main(["--model", "tiny", "--batch", "2", "--new-tokens", "8",
                      "--prompt-width", "8", "--repeats", "1",
                      "--raw-calls", "1", "--schedules", "b4s1,b4t0.9",
-                     "--json", str(out)]) == 0
+                     "--cache-phases", "1,2", "--json", str(out)]) == 0
   rows = json.loads(out.read_text())
   assert [(r["program"], r["schedule"]) for r in rows] == [
       ("tunix Sampler", "greedy"), ("generate", "b4s1"),
-      ("generate", "b4t0.9")]
-  sampler, static, _ = rows
+      ("generate, 2 cache phases", "b4s1"), ("generate", "b4t0.9"),
+      ("generate, 2 cache phases", "b4t0.9")]
+  sampler, static, phased, _, _ = rows
+  assert phased["calls"] == static["calls"]
   assert sampler["calls"] == 8 and sampler["speedup"] == 1.0
   # Block 4, one step per block: each call commits a block (the prompt's
   # partial block shares its first call with the completion).
@@ -46,6 +48,13 @@ def test_every_program_runs_and_reports_its_columns(tmp_path, capsys):
   assert static["raw_call_ms_w"] > 0 and static["raw_call_ms_2w"] > 0
   assert static["write_ms"] > 0
   assert "| 2 | generate | b4s1 |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag", ["0", "1,x"])
+def test_bad_cache_phases_are_refused(flag, capsys):
+  with pytest.raises(SystemExit):
+    _module().main(["--model", "tiny", "--cache-phases", flag])
+  assert "--cache-phases" in capsys.readouterr().err
 
 
 def test_the_floor_is_the_larger_of_bytes_and_flops():

@@ -15,6 +15,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
+from tunix_blockdiff.rollout import cached_loop
 
 _spec = importlib.util.spec_from_file_location(
     "rollout_numpy_reference",
@@ -232,7 +233,7 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   name, config, lengths = CASES[case]
   model = _model(name)
   prompts, lengths = _prompts(lengths)
-  program = cached._PROGRAMS[model][(config, NEW_TOKENS, True)][1]
+  program = cached._PROGRAMS[model][(config, NEW_TOKENS, True, 1)][1]
   # New prompts, same shapes: no retrace.
   other = cached.generate(
       model, prompts[::-1], lengths[::-1], config, max_new_tokens=NEW_TOKENS
@@ -309,6 +310,8 @@ def test_generate(case):
             "prompt_lengths must lie",
         ),
         (dict(max_new_tokens=0), ValueError, "max_new_tokens must be >= 1"),
+        (dict(cache_phases=0), ValueError, "cache_phases must be >= 1"),
+        (dict(cache_phases=2.0), TypeError, "cache_phases must be an int"),
         (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int"),
         (dict(config=dict(block_size=4)), TypeError, "DenoiseConfig"),
         (
@@ -347,7 +350,44 @@ def test_generate_validation(kwargs, error, match):
         args["prompt_lengths"],
         args["config"],
         max_new_tokens=args["max_new_tokens"],
+        cache_phases=args.get("cache_phases", 1),
     )
+
+
+def test_phase_extents_cover_the_cache_in_increasing_prefixes():
+  assert cached_loop.phase_extents(64, 324, 4, 1) == [324]
+  assert cached_loop.phase_extents(64, 324, 4, 4) == [144, 208, 272, 324]
+  assert cached_loop.phase_extents(8, 20, 4, 4) == [16, 20]
+  assert cached_loop.phase_extents(0, 40, 8, 3) == [16, 32, 40]
+
+
+@pytest.mark.parametrize("phases", [2, 5])
+def test_cache_phases_give_the_same_generation(phases):
+  """Each phase reads a prefix of the cache: the same tokens and steps.
+
+  Rows of mixed prompt lengths under threshold decoding fall out of phase,
+  so the phases' extents are crossed at different steps by different rows.
+  """
+  model = tiny_models.tiny_qwen3(VOCAB, random_mlp=True)
+  rng = np.random.default_rng(phases)
+  lengths = np.array([11, 1, 6, 9])
+  prompts = rng.integers(0, MASK, size=(4, PROMPT_WIDTH))
+  config = config_lib.DenoiseConfig(block_size=BLOCK, mask_token_id=MASK,
+                                    threshold=0.2, alignment="shifted",
+                                    temperature=1.0)
+  runs = [
+      cached.generate(model, prompts, lengths, config, max_new_tokens=21,
+                      rng=jax.random.key(3), cache_phases=n)
+      for n in (1, phases)
+  ]
+  for field in ("tokens", "commit_step", "trace_tokens", "trace_commit_step"):
+    np.testing.assert_array_equal(np.asarray(getattr(runs[0], field)),
+                                  np.asarray(getattr(runs[1], field)),
+                                  err_msg=field)
+  assert int(runs[0].num_steps) == int(runs[1].num_steps)
+  # Shorter key axes sum in another order: log-probs agree to rounding.
+  np.testing.assert_allclose(np.asarray(runs[0].logprobs),
+                             np.asarray(runs[1].logprobs), atol=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -78,12 +78,15 @@ def _program(model, graphdef, key, use_cache: bool):
   entry = per_model.get(key)
   if entry is not None and entry[0] == graphdef:
     return entry[1]
-  config, num_new = key[0], key[1]
-  build = cached_loop.cached_program if use_cache else _cacheless_program
+  config, num_new, _, cache_phases = key
 
   def run(state, prompt_tokens, lengths, rng):
     merged = nnx.merge(graphdef, state)
-    return build(merged, prompt_tokens, lengths, rng, config, num_new)
+    if use_cache:
+      return cached_loop.cached_program(merged, prompt_tokens, lengths, rng,
+                                        config, num_new, cache_phases)
+    return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
+                              num_new)
 
   jitted = jax.jit(run)
   per_model[key] = (graphdef, jitted)
@@ -91,12 +94,21 @@ def _program(model, graphdef, key, use_cache: bool):
 
 
 def _check_generate_inputs(
-    prompt_tokens, prompt_lengths, config, max_new_tokens, rng
+    prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
+    cache_phases=1,
 ):
   if not isinstance(config, config_lib.DenoiseConfig):
     raise TypeError(
         f"config must be a DenoiseConfig, got {type(config).__name__}"
     )
+  if isinstance(cache_phases, bool) or not isinstance(
+      cache_phases, numbers.Integral
+  ):
+    raise TypeError(
+        f"cache_phases must be an int, got {type(cache_phases).__name__}"
+    )
+  if cache_phases < 1:
+    raise ValueError(f"cache_phases must be >= 1, got {cache_phases}")
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -153,6 +165,7 @@ def generate(
     max_new_tokens: int,
     rng: jax.Array | None = None,
     use_cache: bool = True,
+    cache_phases: int = 1,
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
@@ -179,13 +192,21 @@ def generate(
     max_new_tokens: N >= 1 completion slots per row.
     rng: PRNG key; required when `config.temperature > 0`.
     use_cache: Cached driver (True) or cacheless `denoise` (False).
+    cache_phases: >= 1. The cached driver's loop in that many phases, each
+      reading only the prefix of the KV cache that its steps can use (its
+      attention otherwise reads every slot at every step); the same tokens
+      and commit steps up to floating-point near-ties (as between the
+      cached and cacheless paths), one copy of the loop in the program per
+      phase (so a longer compile). Whether it pays depends on the accelerator:
+      `benchmarks/generation.py --cache-phases` times it.
 
   Returns:
     `GenerationResult` (completion tokens, commit steps and log-probs [B, N],
     `num_steps`, the echoed prompts and the pre-padding trace).
   """
   prompt_tokens, prompt_lengths = _check_generate_inputs(
-      prompt_tokens, prompt_lengths, config, max_new_tokens, rng
+      prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
+      cache_phases,
   )
   if use_cache:
     kv_cache.check_model_for_cache(
@@ -194,6 +215,7 @@ def generate(
   if rng is None:
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
-  key = (config, int(max_new_tokens), bool(use_cache))
+  key = (config, int(max_new_tokens), bool(use_cache),
+         int(cache_phases) if use_cache else 1)
   program = _program(model, graphdef, key, use_cache)
   return program(state, prompt_tokens, prompt_lengths, rng)

@@ -49,6 +49,7 @@ Shapes: B batch, P prompt width, N `max_new_tokens`, W `block_size`, V vocab.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import jax
@@ -59,6 +60,23 @@ from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
 from tunix_blockdiff.rollout import transition
 from tunix_blockdiff.rollout import window_attention
+
+
+def phase_extents(prefill_len: int, size: int, width: int,
+                  phases: int) -> list[int]:
+  """The cache prefix each of `phases` phases reads: increasing, the last S.
+
+  The slots after the prefill are split evenly, rounded up to a multiple of
+  the block and of 16 (a TPU tile's rows), capped at `size`.
+  """
+  step = width * 16 // math.gcd(width, 16)
+  extents = []
+  for p in range(1, phases + 1):
+    end = prefill_len + -(-(size - prefill_len) * p // phases)
+    end = min(size, -(-end // step) * step)
+    if not extents or end > extents[-1]:
+      extents.append(end)
+  return extents
 
 
 class _CachedState(NamedTuple):
@@ -79,8 +97,15 @@ class _CachedState(NamedTuple):
   # [B, 1] zeros otherwise)
 
 
-def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
-  """Traced body of the cached `generate`; see the module docstring."""
+def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
+                   cache_phases: int = 1):
+  """Traced body of the cached `generate`; see the module docstring.
+
+  `cache_phases` > 1 splits the loop into that many phases, each reading
+  only the cache slots that its steps can use (a static prefix of the
+  cache), instead of every slot at every step; the same outputs up to
+  rounding, one copy of the loop body per phase in the program.
+  """
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
   total = -(-(prompt_width + num_new) // width) * width  # T
@@ -120,10 +145,16 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
   size = prefill_len + -(-(width - 1 + num_new) // width) * width  # S
   cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
 
-  def cached(limit):
-    """bool [B, S]: the cache slots of each row's logical [0, limit)."""
-    return ((cache_slot >= shift[:, None])
-            & (cache_slot < (limit + shift)[:, None]))
+  def cached(cache, limit, extent):
+    """The cache's first `extent` slots and which hold logical [0, limit).
+
+    Returns the `window_call` part (`Cache` of [L, B, K, extent, H], valid
+    bool [B, extent]).
+    """
+    slots = cache_slot[:, :extent]
+    valid = (slots >= shift[:, None]) & (slots < (limit + shift)[:, None])
+    return window_attention.Cache(cache.k[:, :, :, :extent],
+                                  cache.v[:, :, :, :extent]), valid
 
   cache = window_attention.init_cache(
       model, batch, size, kv_cache.activation_dtype(model))
@@ -159,13 +190,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
       return raw_logits
     return jnp.concatenate([carry[:, None], raw_logits], axis=1)
 
-  def plain_call(state, block_start, window_valid, pending):
+  def plain_call(state, block_start, window_valid, pending, extent):
     """Active window only, against the cache and the fresh block."""
     del pending
     tokens = kv_cache.row_slice(state.tokens, block_start, width)
     mask = jnp.broadcast_to(window_valid[:, None, :], (batch, width, width))
     parts = [
-        (state.cache, cached(state.fresh_start)),
+        cached(state.cache, state.fresh_start, extent),
         (state.fresh,
          jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
     ]
@@ -174,7 +205,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
                         (lambda x: x[:, :-1]) if shifted else None)
     return align(logits, state.carry), state
 
-  def fused_call(state, block_start, window_valid, pending):
+  def fused_call(state, block_start, window_valid, pending, extent):
     """[finished block | active window]; the finished half becomes fresh."""
     # The previous fresh block goes into the cache first, so that the
     # cache is written only where nothing of this step has read it yet
@@ -203,7 +234,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     # block's last (the active block's first target) on.
     first = width - 1 if shifted else width
     logits, keys, values = call(
-        tokens, call_positions, [(cache, cached(state.written))],
+        tokens, call_positions, [cached(cache, state.written, extent)],
         mask, lambda x: x[:, first:first + width])
     carry = state.carry
     if shifted:
@@ -228,14 +259,15 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     pending = status.live & (state.written < block_start)
     return status, block_start, pending
 
-  def step(state: _CachedState, fused: bool) -> _CachedState:
+  def step(state: _CachedState, fused: bool, extent: int) -> _CachedState:
     status, block_start, pending = status_of(state)
     live = status.live
     block = block_start // width
     window_positions = block_start[:, None] + offsets[None, :]
     window_valid = window_positions < ends[:, None]
     call_fn = fused_call if fused else plain_call
-    logits, state = call_fn(state, block_start, window_valid, pending)
+    logits, state = call_fn(state, block_start, window_valid, pending,
+                            extent)
     noise = None
     if config.temperature > 0:
       noise = transition.sampling_noise(rng, state.step, batch, width, vocab)
@@ -274,10 +306,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
     status, _, pending = status_of(state)
     return jnp.any(status.live) & ~jnp.any(pending)
 
-  def outer_body(state: _CachedState) -> _CachedState:
-    state = step(state, fused=True)
+  def outer_body(state: _CachedState, extent: int) -> _CachedState:
+    state = step(state, True, extent)
     return jax.lax.while_loop(
-        nothing_pending, lambda s: step(s, fused=False), state
+        nothing_pending, lambda s: step(s, False, extent), state
     )
 
   init = _CachedState(
@@ -295,7 +327,20 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new):
       fresh_valid=jnp.zeros((batch,), bool),
       carry=carry,
   )
-  final = jax.lax.while_loop(any_live, outer_body, init)
+  # Phases: an outer iteration reads the cache slots of each row's logical
+  # [0, written) (shifted) as they are at its start; a phase runs while
+  # those lie in its static prefix of the cache.
+  final = init
+  for extent in phase_extents(prefill_len, size, width, cache_phases):
+
+    def phase_live(state: _CachedState, extent=extent):
+      live = any_live(state)
+      if extent < size:
+        live &= jnp.max(state.written + shift) <= extent
+      return live
+
+    final = jax.lax.while_loop(
+        phase_live, lambda s, extent=extent: outer_body(s, extent), final)
   padded = transition.pad_after_eos(
       final.tokens,
       final.commit_step,
