@@ -91,6 +91,21 @@ def test_generate_returns_completions_cut_at_eos_and_the_trace():
     assert np.all(output.logprobs[b] <= 0)
 
 
+def test_cache_phases_give_the_same_rollouts():
+  """Two fresh engines (the same call counter, so the same noise)."""
+  outputs = [
+      engine_lib.BlockDiffusionRollout(
+          rollout_actor=_engine().model(),
+          tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
+          rollout_config=ROLLOUT_CONFIG, block_size=4, threshold=0.3,
+          cache_phases=phases).generate(PROMPTS, ROLLOUT_CONFIG)
+      for phases in (1, 3)
+  ]
+  assert outputs[0].text == outputs[1].text
+  for a, b in zip(outputs[0].tokens, outputs[1].tokens, strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_per_token_logps_reproduce_the_rollouts_and_need_commit_steps():
   engine, output = _engine(), _output()
   logps = engine.get_per_token_logps(
@@ -157,6 +172,8 @@ def test_bad_construction_raises():
   model = _engine().model()
   with pytest.raises(ValueError, match="block_size"):
     engine_lib.BlockDiffusionRollout(model, TOKENIZER, block_size=0)
+  with pytest.raises(ValueError, match="cache_phases must be >= 1"):
+    engine_lib.BlockDiffusionRollout(model, TOKENIZER, cache_phases=0)
   with pytest.raises(ValueError, match="mask_token_id is required"):
 
     class NoMask:

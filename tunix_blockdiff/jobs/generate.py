@@ -14,6 +14,8 @@ Keys (omegaconf dotlist):
   steps_per_block=null static schedule (steps per block) instead
   sub_block_size=null  sub-blocks: commit only in the block's first sub-block
                        with masked slots (Fast-dLLM v2's small blocks)
+  cache_phases=1       the cached driver's loop in N phases, each reading
+                       only the KV-cache prefix it uses (longer compile)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)
@@ -52,6 +54,7 @@ DEFAULTS = {
     "threshold": 0.9,
     "steps_per_block": None,
     "sub_block_size": None,
+    "cache_phases": 1,
     "temperature": 0.0,
     "max_new_tokens": None,
     "seed": 0,
@@ -257,6 +260,13 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
   except ValueError as e:
     raise errors.UsageError(f"generate: {e}") from None
   from tunix_blockdiff.rollout import cached  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.rollout import sampling  # pylint: disable=g-import-not-at-top
+
+  try:
+    cache_phases = sampling.optional_positive_int("cache_phases",
+                                                  options.cache_phases)
+  except (TypeError, ValueError) as e:
+    raise errors.UsageError(f"generate: {e}") from None
 
   # On a mesh the prompts are sharded over fsdp (padded to a multiple of it)
   # and the results gathered, so every process holds every row.
@@ -268,6 +278,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
           denoise_config,
           max_new_tokens=int(max_new),
           rng=jax.random.key(int(options.seed)),
+          cache_phases=cache_phases,
       ),
       mesh,
       prompt_tokens,

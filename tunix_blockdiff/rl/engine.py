@@ -82,6 +82,7 @@ class BlockDiffusionRollout(
       sub_block_size: int | None = None,
       max_tokens_to_generate: int | None = None,
       use_cache: bool = True,
+      cache_phases: int = 1,
       seed: int = 0,
       attention: config_lib.AttentionConfig | None = None,
   ):
@@ -108,6 +109,8 @@ class BlockDiffusionRollout(
         Fast-dLLM v2's rule); the scorer's exact likelihood follows it.
       max_tokens_to_generate: Overrides `RolloutConfig.max_tokens_to_generate`.
       use_cache: Block-KV-cached driver (True) or cacheless `denoise`.
+      cache_phases: The cached driver's loop in that many phases, each
+        reading only the KV-cache prefix it uses (`generate(cache_phases=)`).
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
       attention: The attention of the trajectory scorer (`score`,
@@ -150,6 +153,8 @@ class BlockDiffusionRollout(
         "max_tokens_to_generate", max_tokens_to_generate
     )
     self._use_cache = bool(use_cache)
+    self._cache_phases = sampling.optional_positive_int(
+        "cache_phases", cache_phases) or 1
     self._init_engine(seed)
     self._train_rollout_config = rollout_config
 
@@ -241,6 +246,7 @@ class BlockDiffusionRollout(
             max_new_tokens=max_new_tokens,
             rng=rng,
             use_cache=self._use_cache,
+            cache_phases=self._cache_phases,
         ),
         self.mesh,
         prompt_tokens,

@@ -26,6 +26,7 @@ from tunix_blockdiff.rollout import cached_loop
 from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
+from tunix_blockdiff.rollout import sampling
 
 GenerationResult = result_lib.GenerationResult
 sequence_layout = result_lib.sequence_layout
@@ -101,14 +102,7 @@ def _check_generate_inputs(
     raise TypeError(
         f"config must be a DenoiseConfig, got {type(config).__name__}"
     )
-  if isinstance(cache_phases, bool) or not isinstance(
-      cache_phases, numbers.Integral
-  ):
-    raise TypeError(
-        f"cache_phases must be an int, got {type(cache_phases).__name__}"
-    )
-  if cache_phases < 1:
-    raise ValueError(f"cache_phases must be >= 1, got {cache_phases}")
+  sampling.optional_positive_int("cache_phases", cache_phases)
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -192,7 +186,7 @@ def generate(
     max_new_tokens: N >= 1 completion slots per row.
     rng: PRNG key; required when `config.temperature > 0`.
     use_cache: Cached driver (True) or cacheless `denoise` (False).
-    cache_phases: >= 1. The cached driver's loop in that many phases, each
+    cache_phases: >= 1 (None: 1). The cached driver's loop in that many phases, each
       reading only the prefix of the KV cache that its steps can use (its
       attention otherwise reads every slot at every step); the same tokens
       and commit steps up to floating-point near-ties (as between the
@@ -216,6 +210,6 @@ def generate(
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
   key = (config, int(max_new_tokens), bool(use_cache),
-         int(cache_phases) if use_cache else 1)
+         int(cache_phases or 1) if use_cache else 1)
   program = _program(model, graphdef, key, use_cache)
   return program(state, prompt_tokens, prompt_lengths, rng)

@@ -129,6 +129,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       alignment=str(sft_cfg.diffusion.alignment),
       threshold=float(cfg.rollout.threshold),
       sub_block_size=cfg.rollout.get("sub_block_size"),
+      cache_phases=cfg.rollout.get("cache_phases"),
       seed=int(cfg.seed),
       attention=attention,
   )
