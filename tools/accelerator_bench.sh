@@ -3,7 +3,7 @@
 # sizes (Tunix's Sampler against the cached generate, with a floor), its
 # per-op profile at batch 128, the SFT step at a real size (Splash on a
 # TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
-# 4 x 4096, then the
+# 4 x 4096, the notebooks' code (benchmarks/notebooks.py), then the
 # rollout, attention, SFT-step and DiffusionGemma-sampler benchmarks, then
 # (given a finished `benchmarks/convert_code.py --out RUN`) the converted
 # models re-timed against their AR peer by `benchmarks/convert_speed.py`.
@@ -37,7 +37,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases profile_generation sft_step_real sft_step_long diffusion_gemma_real rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -67,6 +67,11 @@ for name in $all; do
       --model qwen3_0p6b --dtype bfloat16 --attention auto --sequential \
       --length 4096 --batch 4 --rounds 2 --head-chunk 1024 --remat decoder \
       --streams two_stream --no-causal
+  elif [[ $name == notebooks ]]; then
+    # The three notebooks' code, each in one process (no Jupyter kernel:
+    # the TPU refuses TCP), their default configuration: wall times.
+    step notebooks 600 python3 benchmarks/notebooks.py \
+      --json "$out/notebooks.json"
   elif [[ $name == diffusion_gemma_real ]]; then
     # DiffusionGemma-26B-A4B's layer widths at 2 layers: LoRA step + sampler.
     step diffusion_gemma_real 600 python3 benchmarks/diffusion_gemma_step.py \
