@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator checks, in one pass, on a GPU or a TPU: generation at real
-# sizes (Tunix's Sampler against the cached generate, with a floor), its
-# per-op profile at batch 128, the SFT step at a real size (Splash on a
+# sizes (Tunix's Sampler against the cached generate, with a floor), the
+# cached loop in 4 phases against 1 (generation_phases), its per-op
+# profile at batch 128, the SFT step at a real size (Splash on a
 # TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
 # 4 x 4096, the notebooks' code (benchmarks/notebooks.py), then the
 # rollout, attention, SFT-step and DiffusionGemma-sampler benchmarks, then
