@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from tunix_blockdiff.models import diffusion_gemma as dg
+from tunix_blockdiff.models.diffusion_gemma import layers
 
 DATA = pathlib.Path(__file__).resolve().parents[1] / "data/diffusion_gemma"
 NAMES = ("moe_sliding", "moe_wide")
@@ -145,6 +146,44 @@ def test_train_logits_equal_encode_then_decode():
     np.testing.assert_allclose(got[:, s], want, atol=TOL)
     _, cache = _encode(model, jnp.asarray(clean[:, s]), positions[:, s],
                             jnp.ones((2, c), bool), cache)
+
+
+def test_splash_attention_gives_the_dense_training_logits():
+  """Under `splash_scope` (Pallas interpret mode), canvas rows as dense.
+
+  The decoder's prompt rows see no key (the guard sends them to key 0) and
+  are meaningless in both; the padding rows likewise.
+  """
+  model, _, _ = dg.load(DATA / "moe_sliding")
+  c = model.config.canvas_length
+  length = 128
+  canvases = (length - 8) // c
+  prompt = length - canvases * c
+  rng = np.random.default_rng(1)
+  clean = rng.integers(0, 64, (2, length))
+  noisy = clean.copy()
+  noisy[:, prompt:] = rng.integers(0, 64, (2, length - prompt))
+  idx = np.arange(length)
+  canvas_id = np.where(idx >= prompt, (idx - prompt) // c, -1)[None].repeat(2, 0)
+  valid = np.ones((2, length), bool)
+  valid[1, -c:] = False  # row 1 ends in padding
+  canvas_id[1, -c:] = -1
+  start = np.where(canvas_id >= 0, prompt + canvas_id * c, 0)
+  positions = jnp.broadcast_to(jnp.arange(length), (2, length))
+  args = (jnp.asarray(clean), jnp.asarray(noisy), positions,
+          jnp.asarray(valid), jnp.asarray(canvas_id), jnp.asarray(start))
+  want = _train_logits(model, *args)
+
+  @nnx.jit
+  def splash_logits(model, *args):
+    with layers.splash_scope(128, interpret=True):
+      return model.train_logits(*args)
+
+  got = splash_logits(model, *args)
+  rows = canvas_id >= 0
+  assert np.all(np.isfinite(np.asarray(got)))
+  np.testing.assert_allclose(np.asarray(got)[rows], np.asarray(want)[rows],
+                             atol=TOL)
 
 
 def _copy(tmp_path, edit=None, name="moe_sliding"):

@@ -145,6 +145,15 @@ def test_bad_recipe_values_are_one_line_usage_errors(tmp_path, capsys):
                    f"output_dir={tmp_path}", "mesh.sp=2"]) == 2
   err = capsys.readouterr().err.strip()
   assert "mesh" in err and "\n" not in err
+  # Splash where it cannot run: seq_len 32 does not tile; several devices.
+  for extra, message in [
+      ([], "multiple of the tile"),
+      (["data.seq_len=128", "mesh.fsdp=2"], "on one device"),
+  ]:
+    assert cli.main(["sft", "diffusion_gemma_tiny.yaml", "model.attention=splash",
+                     f"output_dir={tmp_path}", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model.attention" in err and message in err and "\n" not in err
 
 
 def test_tpu_recipe_loads_through_its_real_path_on_a_tiny_checkpoint(tmp_path):

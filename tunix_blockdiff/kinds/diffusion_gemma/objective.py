@@ -26,12 +26,14 @@ corruption.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import compat
+from tunix_blockdiff.models.diffusion_gemma import layers as dg_layers
 from tunix_blockdiff.objective import loss as loss_lib
 
 FIELDS = ("clean", "noisy", "positions", "valid", "canvas_id",
@@ -73,19 +75,30 @@ class DiffusionGemmaObjective:
           f"fill_id must be in [0, {self.vocab_size}), got {self.fill_id}")
 
 
-def make_loss_fn(objective: DiffusionGemmaObjective):
-  """`loss_fn(model, **batch fields) -> LossOutput` (see the module doc)."""
+def make_loss_fn(objective: DiffusionGemmaObjective,
+                 splash_tile: int | None = None,
+                 splash_interpret: bool | None = None):
+  """`loss_fn(model, **batch fields) -> LossOutput` (see the module doc).
+
+  `splash_tile`: the model's attention runs the Splash kernel with that
+  tile while the loss is traced (`layers.splash_scope`; it must divide
+  `seq_len`); None: dense.
+  """
   if not isinstance(objective, DiffusionGemmaObjective):
     raise TypeError("objective must be a DiffusionGemmaObjective, got"
                     f" {type(objective).__name__}")
   self_conditioning = objective.self_conditioning_prob > 0
+  scope = (contextlib.nullcontext if splash_tile is None else
+           lambda: dg_layers.splash_scope(splash_tile, splash_interpret))
 
   def loss_fn(model, clean, noisy, positions, valid, canvas_id, canvas_start,
               targets, loss_weights, sc_on) -> compat.LossOutput:
     args = (clean, noisy, positions, valid, canvas_id, canvas_start)
-    logits = model(*args)
-    if self_conditioning:
-      logits = model(*args, jax.lax.stop_gradient(logits), sc_on.astype(bool))
+    with scope():
+      logits = model(*args)
+      if self_conditioning:
+        logits = model(*args, jax.lax.stop_gradient(logits),
+                       sc_on.astype(bool))
     return loss_lib.diffusion_loss(logits, targets,
                                    jnp.asarray(loss_weights, jnp.float32))
 

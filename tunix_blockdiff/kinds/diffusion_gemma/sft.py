@@ -185,11 +185,36 @@ def run_sft(cfg) -> dict[str, Any]:
     raise errors.UsageError(
         "DiffusionGemma sft does not take context parallelism: mesh.sp must"
         " be 1")
+  splash_tile = _splash_tile(cfg, mesh)
   with common.mesh_scope(mesh):
-    return _run_sft(cfg, mesh)
+    return _run_sft(cfg, mesh, splash_tile)
 
 
-def _run_sft(cfg, mesh) -> dict[str, Any]:
+def _splash_tile(cfg, mesh) -> int | None:
+  """The Splash tile the training attention runs with, or None (dense).
+
+  `model.attention`: `splash` needs one device (no mesh over several) and
+  `data.seq_len` a multiple of the tile (the encoder attends [L, L], the
+  decoder [L, 2L]); `auto` takes Splash on a TPU where both hold.
+
+  Raises:
+    UsageError: `splash` where it cannot run, in one line.
+  """
+  attention = common.attention_config_from(cfg.model)
+  one_device = mesh is None or mesh.devices.size == 1
+  if attention.implementation == "splash" and not one_device:
+    raise errors.UsageError(
+        "model.attention: DiffusionGemma runs 'splash' on one device; drop"
+        " the mesh or use 'dense' (or 'auto')")
+  length, backend = int(cfg.data.seq_len), jax.default_backend()
+  try:
+    splash = attention.uses_splash(length, backend, one_device)
+  except ValueError as e:
+    raise errors.UsageError(f"model.attention: {e}") from None
+  return attention.tile_for(length, backend) if splash else None
+
+
+def _run_sft(cfg, mesh, splash_tile) -> dict[str, Any]:
   clock = common.Stopwatch()
   out = common.prepare_output_dir(cfg)
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
@@ -233,7 +258,9 @@ def _run_sft(cfg, mesh) -> dict[str, Any]:
       common.make_training_config(cfg, out),
       pbar_description="DiffusionGemma SFT")
   trainer = dg_trainer.DiffusionGemmaTrainer(
-      model, common.make_optimizer(cfg.training), training_config, objective)
+      model, common.make_optimizer(cfg.training), training_config, objective,
+      splash_tile=splash_tile,
+      splash_interpret=common.attention_config_from(cfg.model).interpret)
   outputs.show_progress(trainer, int(cfg.training.eval_every_n_steps) // 2 or 1,
                         int(cfg.training.max_steps), out)
   trainer.train(train_ds, eval_ds)
@@ -247,6 +274,8 @@ def _run_sft(cfg, mesh) -> dict[str, Any]:
       "num_lora_params": outputs.num_params(trainer.model, nnx.LoRAParam),
       "train_examples": len(task_data.train),
       "train_seconds": train_seconds,
+      "attention": "splash" if splash_tile else "dense",
+      "attention_tile": splash_tile,
   }
   losses = summary["train_losses"]
   summary["final_train_loss"] = losses[-1] if losses else None

@@ -33,6 +33,9 @@ class DiffusionGemmaTrainer(accumulation.TokenWeightedTrainer):
       training_config: trainer_lib.TrainingConfig,
       objective: dg_objective.DiffusionGemmaObjective,
       metrics_logger: peft_trainer.MetricsLogger | None = None,
+      *,
+      splash_tile: int | None = None,
+      splash_interpret: bool | None = None,
       **kwargs,
   ):
     """Builds the trainer and restores the latest checkpoint, if any.
@@ -43,6 +46,9 @@ class DiffusionGemmaTrainer(accumulation.TokenWeightedTrainer):
       training_config: Tunix's `TrainingConfig`.
       objective: The corruption and self-conditioning settings.
       metrics_logger: Optional Tunix `MetricsLogger`.
+      splash_tile: Train with the Splash kernel at this tile (it divides
+        the rows' length; one device); None: dense attention.
+      splash_interpret: Pallas interpret mode; None: off TPU.
       **kwargs: Passed to `PeftTrainer`.
     """
     if not isinstance(objective, dg_objective.DiffusionGemmaObjective):
@@ -55,7 +61,9 @@ class DiffusionGemmaTrainer(accumulation.TokenWeightedTrainer):
         **kwargs
     )
     self.objective = objective
-    self.loss_fn = dg_objective.make_loss_fn(objective)
+    self.splash_tile = splash_tile
+    self.loss_fn = dg_objective.make_loss_fn(objective, splash_tile,
+                                             splash_interpret)
     self.eval_loss_fn = self.loss_fn
     self.gen_model_input_fn = dg_objective.model_inputs
 

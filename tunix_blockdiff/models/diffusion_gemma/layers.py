@@ -10,16 +10,70 @@ sliding layers, "proportional" on full layers).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 from flax import nnx
 import jax
 import jax.numpy as jnp
 from tunix.models.gemma4 import model as gemma4_lib
 
+from tunix_blockdiff.attention import splash as splash_lib
 from tunix_blockdiff.models.diffusion_gemma import config as config_lib
 
 # Masked scores: finite, so a query with no visible key gives a uniform
 # (ignored) row instead of NaN.
 _NEG = -2.3819763e38
+
+# (q tile, kv tile, interpret) of the attention calls traced inside
+# `splash_scope`; None: dense.
+_SPLASH: contextvars.ContextVar = contextvars.ContextVar(
+    "diffusion_gemma_splash", default=None)
+
+
+@contextlib.contextmanager
+def splash_scope(tile: int, interpret: bool | None = None):
+  """Within it, every attention call runs the Splash kernel (a traced mask).
+
+  Used while the training logits are traced (`kinds.diffusion_gemma`'s
+  loss): the encoder's [L, L] and the decoder's [L, 2L] masks go to Splash
+  per example, as `attention.splash.dynamic_splash_attention`. `tile` must
+  divide both lengths (the callers check it first).
+  """
+  token = _SPLASH.set((tile, interpret))
+  try:
+    yield
+  finally:
+    _SPLASH.reset(token)
+
+
+def splash_attend(q, keys, values, mask, tile: int,
+                  interpret: bool | None = None) -> jax.Array:
+  """`Attention.attend`'s weighted values through Splash: [B, T, N, H].
+
+  A query row with no visible key (padding) attends to key 0 instead (the
+  dense path gives it a uniform row; both are ignored by the loss, and
+  neither is NaN).
+
+  Args:
+    q: [B, T, N, H].
+    keys, values: [B, S, K, H].
+    mask: bool [B, T, S].
+    tile: Query and key tile; divides T and S.
+    interpret: Pallas interpret mode; None: off TPU.
+  """
+  s = keys.shape[1]
+  empty = ~jnp.any(mask, axis=-1, keepdims=True)
+  mask = mask | (empty & (jnp.arange(s) == 0)[None, None, :])
+
+  def one(q, k, v, m):
+    return splash_lib.dynamic_splash_attention(
+        q, k, v, m, q_tile=tile, kv_tile=tile, interpret=interpret)
+
+  heads_first = lambda x: jnp.swapaxes(x, 1, 2)
+  out = jax.vmap(one)(heads_first(q), heads_first(keys.astype(q.dtype)),
+                      heads_first(values.astype(q.dtype)), mask)
+  return heads_first(out)
 
 
 def _dtype(name: str):
@@ -129,6 +183,10 @@ class Attention(nnx.Module):
       mask: bool [B, T, S].
     """
     b, t, _, _ = q.shape
+    splash = _SPLASH.get()
+    if splash is not None:
+      out = splash_attend(q, keys, values, mask, *splash)
+      return self.o_proj(out.astype(q.dtype).reshape(b, t, -1))
     groups = self.num_heads // self.num_kv
     q = q.reshape(b, t, self.num_kv, groups, self.head_dim)
     scores = jnp.einsum("btkgh,bskh->bkgts", q, keys.astype(q.dtype),
