@@ -77,14 +77,17 @@ def logical_index(physical, seq_len: int, cp_size: int):
 
 
 class _ValueMask(splash_mask._ComputableMask):  # pylint: disable=protected-access
-  """A lazy mask equal to another of its class with the same `_key()`.
+  """A lazy mask equal to another of its class with the same `_FIELDS`.
 
   Splash caches mask info per mask and `jit` takes masks as static
-  arguments, so two masks built alike must compare and hash equal.
+  arguments, so two masks built alike must compare and hash equal. Each
+  subclass names the attributes that define it in `_FIELDS`.
   """
 
+  _FIELDS: tuple[str, ...] = ("shape",)
+
   def _key(self) -> tuple:
-    raise NotImplementedError
+    return (type(self),) + tuple(getattr(self, f) for f in self._FIELDS)
 
   def __eq__(self, other: object):
     if type(other) is not type(self):
@@ -105,6 +108,8 @@ class BlockCausalMask(_ValueMask):
       row attends at least one key.
   """
 
+  _FIELDS = ("shape", "block_size", "q_offset")
+
   block_size: int
   q_offset: int
 
@@ -123,9 +128,6 @@ class BlockCausalMask(_ValueMask):
       return q_ids // block_size >= kv_ids // block_size
 
     super().__init__(shape=shape, mask_function=block_causal)
-
-  def _key(self) -> tuple:
-    return (type(self), self.shape, self.block_size, self.q_offset)
 
   def __repr__(self):
     return (
@@ -146,6 +148,8 @@ class LoadBalancedBlockCausalMask(_ValueMask):
     cp_size: Context-parallel shards the order was built for.
     kv_reordered: Whether keys are in the same physical order as queries.
   """
+
+  _FIELDS = ("shape", "block_size", "cp_size", "kv_reordered")
 
   block_size: int
   cp_size: int
@@ -179,15 +183,6 @@ class LoadBalancedBlockCausalMask(_ValueMask):
     super().__init__(shape=(seq_len, seq_len), mask_function=block_causal)
     self.q_sequence = order
 
-  def _key(self) -> tuple:
-    return (
-        type(self),
-        self.shape,
-        self.block_size,
-        self.cp_size,
-        self.kv_reordered,
-    )
-
   def __repr__(self):
     return (
         f"LoadBalancedBlockCausalMask(seq_len={self.shape[0]},"
@@ -212,6 +207,8 @@ class TwoStreamBlockMask(_ValueMask):
     block_size: B, slots per block.
   """
 
+  _FIELDS = ("shape", "block_size")
+
   block_size: int
 
   def __init__(self, length: int, block_size: int):
@@ -232,9 +229,6 @@ class TwoStreamBlockMask(_ValueMask):
               | (kv_noised & q_noised & (kv_block == q_block)))
 
     super().__init__(shape=(length, length), mask_function=two_stream)
-
-  def _key(self) -> tuple:
-    return (type(self), self.shape, self.block_size)
 
   def __repr__(self):
     return (f"TwoStreamBlockMask(length={self.shape[0]},"
