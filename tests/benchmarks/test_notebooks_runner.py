@@ -47,6 +47,14 @@ def test_a_notebook_runs_in_one_process_with_magics_made_inert(tmp_path):
   row = bench.run_notebook(path, tmp_path / "work", fast=True, timeout=60)
   assert row["exit"] == 0, row
   assert row["tail"][-1] == "FAST is True" and row["seconds"] > 0
+  # Where IPython cannot be imported (shadowed here), `display` and
+  # `IPython.display.Image` are the runner's stand-ins.
+  hidden = tmp_path / "no_ipython"
+  hidden.mkdir()
+  (hidden / "IPython.py").write_text("raise ImportError('no IPython here')\n")
+  row = bench.run_notebook(path, hidden, fast=True, timeout=60)
+  assert row["exit"] == 0, row
+  assert row["tail"][-2:] == ["<Image 'a.png'>", "FAST is True"]
 
 
 def test_a_failing_notebook_reports_its_error_and_fast_needs_the_flag(

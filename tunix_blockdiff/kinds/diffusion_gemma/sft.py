@@ -259,8 +259,7 @@ def _run_sft(cfg, mesh, splash_tile) -> dict[str, Any]:
       pbar_description="DiffusionGemma SFT")
   trainer = dg_trainer.DiffusionGemmaTrainer(
       model, common.make_optimizer(cfg.training), training_config, objective,
-      splash_tile=splash_tile,
-      splash_interpret=common.attention_config_from(cfg.model).interpret)
+      splash_tile=splash_tile)
   outputs.show_progress(trainer, int(cfg.training.eval_every_n_steps) // 2 or 1,
                         int(cfg.training.max_steps), out)
   trainer.train(train_ds, eval_ds)

@@ -25,8 +25,8 @@ from tunix_blockdiff.models.diffusion_gemma import config as config_lib
 # (ignored) row instead of NaN.
 _NEG = -2.3819763e38
 
-# (q tile, kv tile, interpret) of the attention calls traced inside
-# `splash_scope`; None: dense.
+# (tile, interpret) of the attention calls traced inside `splash_scope`;
+# None: dense.
 _SPLASH: contextvars.ContextVar = contextvars.ContextVar(
     "diffusion_gemma_splash", default=None)
 
