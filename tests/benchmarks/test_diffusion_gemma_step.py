@@ -27,8 +27,9 @@ def test_the_tiny_step_reports_time_memory_and_lora_share(tmp_path, capsys):
   assert diffusion_gemma_step.main([
       "--batch", "2", "--seq-len", "24", "--repeats", "1", "--no-sampler",
       "--json", str(out)]) == 0
-  assert "LoRA SFT step:" in capsys.readouterr().out
+  assert "LoRA SFT step, dense attention:" in capsys.readouterr().out
   (row,) = json.loads(out.read_text())
+  assert row["attention"] == "dense" and np.isfinite(row["first_loss"])
   assert row["step_s"] > 0 and row["tokens_per_s"] > 0
   assert 0 < row["lora_params"] < row["params"]
 
@@ -51,6 +52,10 @@ def test_bad_flags_are_refused():
     diffusion_gemma_step.main(["--size", "huge"])
   with pytest.raises(SystemExit):
     diffusion_gemma_step.main(["--batch", "0"])
+  with pytest.raises(SystemExit):
+    diffusion_gemma_step.main(["--attention", "dense,flash"])
+  with pytest.raises(SystemExit):  # 512 does not divide 64
+    diffusion_gemma_step.main(["--attention", "splash", "--seq-len", "64"])
 
 
 def test_the_draw_alone_is_timed_against_the_earlier_draws():
