@@ -9,7 +9,9 @@ command after `--`), `bench` names a script in `benchmarks/`. Every recipe key t
 (`training.max_steps`, `dataset.fields.prompt=...`, the keys of YAML
 blocks) must exist in a bundled recipe or in the schema of a section the
 recipes leave null. Upper-case words (`RUN_DIR`, `NAME`) and `[...]` are
-placeholders. Nothing runs: parsing only.
+placeholders. Every `tunix_blockdiff` import they show resolves, and every
+test file they cite exists (the changelog, a record of past layouts,
+aside). Nothing runs: parsing and imports only.
 """
 
 import importlib
@@ -333,3 +335,71 @@ def test_the_checks_catch_drift():
   assert _invocations(
       'gcloud ssh --command "cd tunix-blockdiff && tunix-blockdiff sft a=1"'
   ) == [["sft", "a=1"]]
+
+
+# The changelog records past layouts and names modules as they were then.
+CURRENT_PAGES = [p for p in PAGES if p.name != "changelog.md"]
+IMPORT = re.compile(
+    r"^\s*from (tunix_blockdiff[\w.]*) import ([\w, ]+?)(?: as \w+)?\s*$"
+    r"|^\s*import (tunix_blockdiff[\w.]*)", re.M)
+TEST_FILE = re.compile(r"\btests/[\w/]+\.py\b")
+
+
+def import_problem(line: str) -> str | None:
+  """Why a docs line `from tunix_blockdiff.x import y` fails, or None."""
+  match = IMPORT.match(line)
+  if match is None:
+    return None
+  if match.group(3):
+    module, names = match.group(3), []
+  else:
+    module, names = match.group(1), [
+        n.strip() for n in match.group(2).split(",") if n.strip()]
+  try:
+    imported = importlib.import_module(module)
+  except ImportError as e:
+    return f"{module}: {e}"
+  for name in names:
+    if not hasattr(imported, name):
+      try:
+        importlib.import_module(f"{module}.{name}")
+      except ImportError:
+        return f"{module} has no {name}"
+  return None
+
+
+def _imports(text: str) -> list[str]:
+  return [m.group(0).strip() for m in IMPORT.finditer(text)]
+
+
+DOC_IMPORTS = [(page.relative_to(ROOT).as_posix(), line)
+               for page in CURRENT_PAGES for line in _imports(page.read_text())]
+
+
+def test_the_docs_show_imports():
+  assert len(DOC_IMPORTS) > 10
+
+
+@pytest.mark.parametrize(
+    "page, line", DOC_IMPORTS, ids=[f"{p}:{l[:60]}" for p, l in DOC_IMPORTS]
+)
+def test_every_import_shown_resolves(page, line):
+  assert import_problem(line) is None, f"{page}: {import_problem(line)}"
+
+
+def test_every_cited_test_file_exists():
+  missing = sorted(
+      (page.relative_to(ROOT).as_posix(), path)
+      for page in CURRENT_PAGES
+      for path in set(TEST_FILE.findall(page.read_text()))
+      if not (ROOT / path).is_file())
+  assert not missing, missing
+
+
+def test_the_import_check_catches_moved_modules():
+  assert import_problem(
+      "from tunix_blockdiff.rl import diffusion_gemma_cluster") is not None
+  assert import_problem("from tunix_blockdiff.nowhere import x") is not None
+  assert import_problem(
+      "from tunix_blockdiff.kinds.diffusion_gemma import cluster") is None
+  assert import_problem("import tunix_blockdiff") is None

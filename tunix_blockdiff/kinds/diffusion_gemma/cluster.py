@@ -4,7 +4,7 @@ The same cluster (the `BlockDiffusionRLTrainer` actor trainer, checkpoint
 handling, the trace kept through `generate`) with a `DiffusionGemmaRollout`
 engine: `generate` returns a `DiffusionGemmaRolloutOutput`, and reference
 and old-policy log-probs are sequence-level, the trajectory-exact
-`rl.diffusion_gemma_scoring.sequence_logprobs` of each row's trace, float32
+`kinds.diffusion_gemma.scoring.sequence_logprobs` of each row's trace, float32
 [B].
 """
 

@@ -7,7 +7,7 @@ A Tunix `BaseRollout`, built by `RLCluster` like `BlockDiffusionRollout`:
             DiffusionGemmaRollout, sampler_config=dg.SamplerConfig(...)),
         ...)
 
-and used with `rl.diffusion_gemma_cluster.DiffusionGemmaRLCluster`.
+and used with `kinds.diffusion_gemma.cluster.DiffusionGemmaRLCluster`.
 Generation is `kinds/diffusion_gemma/sampler.DiffusionGemmaSampler` (JAX, one
 compiled program per canvas) with `record_trace=True`; each call returns a
 `DiffusionGemmaRolloutOutput` holding every row's trace (canvases, accepted
@@ -26,7 +26,7 @@ gathered, so every process gets every row, the same rows as one device.
 
 Log-probs are sequence-level: a DiffusionGemma rollout revises tokens, so
 no token has a probability of its own. `get_per_token_logps` and `score`
-return float32 [B], `rl.diffusion_gemma_scoring.sequence_logprobs` under
+return float32 [B], `kinds.diffusion_gemma.scoring.sequence_logprobs` under
 the given parameters (the rollout's own: the sampler's log-probs).
 """
 

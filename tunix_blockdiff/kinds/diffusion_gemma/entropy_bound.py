@@ -179,7 +179,7 @@ def step_logprob(scaled: jax.Array, denoiser: jax.Array,
   """log P of one step's renoised canvas given its input, float32 [B].
 
   The accepted slots' denoiser tokens under softmax(scaled), plus log(1/V)
-  per renoised slot (`rl.entropy_bound_likelihood` derives it).
+  per renoised slot (`kinds.diffusion_gemma.likelihood` derives it).
 
   Args:
     scaled: float [B, C, V] the step's temperature-scaled logits.

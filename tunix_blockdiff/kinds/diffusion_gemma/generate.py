@@ -5,7 +5,7 @@ checkpoint, LoRA merged) or from an HF DiffusionGemma directory alone (its
 tokenizer, chat template and `generation_config.json` sampler defaults),
 colours each token by the denoising step that last changed it, reports
 forward passes per token, and writes `generate.json` and a PNG. Options:
-`jobs.diffusion_gemma.DEFAULTS` (prompts, chat, max_new_tokens, seed, png,
+`kinds.diffusion_gemma.sft.DEFAULTS` (prompts, chat, max_new_tokens, seed, png,
 color and the sampler keys).
 """
 

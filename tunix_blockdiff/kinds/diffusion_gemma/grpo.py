@@ -10,7 +10,7 @@ sequence-level ratio
   r_i = exp(log P_theta(tau_i) - log P_old(tau_i)),
 
 `log P` the trajectory-exact log-prob of row i's recorded trajectories
-(`rl.diffusion_gemma_scoring.sequence_logprobs`: every canvas, every live
+(`kinds.diffusion_gemma.scoring.sequence_logprobs`: every canvas, every live
 step, the self-conditioning chain replayed), and per row
 
   loss_i = max(-A_i r_i, -A_i clip(r_i, 1 - eps, 1 + eps_high))

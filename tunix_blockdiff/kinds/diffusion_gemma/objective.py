@@ -19,7 +19,7 @@ Loss = sum over targets of CE / number of targets (`objective.loss`), so
 accumulation over micro-batches is an exact token mean; a row or batch with
 no target contributes 0 to both.
 
-Rows and batches are built by `data.diffusion_gemma`; their randomness is
+Rows and batches are built by `kinds.diffusion_gemma.data`; their randomness is
 a pure function of (seed, epoch, example id), so resumed runs see the same
 corruption.
 """
@@ -110,5 +110,5 @@ def model_inputs(batch) -> dict[str, jax.Array]:
   missing = [k for k in FIELDS if k not in batch]
   if missing:
     raise ValueError(f"batch is missing fields {missing}; build it with"
-                     " data.diffusion_gemma")
+                     " kinds.diffusion_gemma.data")
   return {k: batch[k] for k in FIELDS}

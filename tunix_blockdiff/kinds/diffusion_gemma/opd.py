@@ -1,7 +1,7 @@
 """`tunix-blockdiff opd` on a DiffusionGemma student: sequence-level OPD.
 
 `jobs/opd.py` hands a recipe here when `student.checkpoint` is a
-DiffusionGemma policy (`jobs.diffusion_gemma_rl.policy_recipe`: a
+DiffusionGemma policy (`kinds.diffusion_gemma.rl.policy_recipe`: a
 DiffusionGemma sft run, an rl/opd run on one, or an HF DiffusionGemma
 directory). The teacher is autoregressive, frozen while the student trains:
 

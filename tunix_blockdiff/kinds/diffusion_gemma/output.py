@@ -1,7 +1,7 @@
 """What a DiffusionGemma rollout records: its trace and its Tunix output.
 
 `DiffusionGemmaTrace` holds, per row, everything the trajectory-exact
-scorer (`rl.diffusion_gemma_scoring`) replays: the canvases the row's
+scorer (`kinds.diffusion_gemma.scoring`) replays: the canvases the row's
 cache was built from, and for every canvas and denoising step the input
 canvas, the canvas it produced, the sampled denoiser canvas, the accepted
 mask, the temperature, whether the row was still denoising, and the
@@ -108,7 +108,7 @@ def sampler_logprobs(trace: DiffusionGemmaTrace,
   """float32 [B]: the sampler's log P of each row's trajectories.
 
   Per active canvas, C log(1/V) for its uniform initial canvas plus its
-  live steps' recorded terms; `rl.diffusion_gemma_scoring` computes the
+  live steps' recorded terms; `kinds.diffusion_gemma.scoring` computes the
   same quantity under any parameters.
   """
   c = trace.canvas.shape[-1]

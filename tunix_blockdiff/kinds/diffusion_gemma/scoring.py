@@ -3,8 +3,8 @@
 A row's rollout is its prompt, then K canvases, each denoised by the
 entropy-bound sampler over a cache of the prompt and the finished canvases
 before it. Its log-probability is the sum, over the canvases the row was
-still generating in, of `rl.entropy_bound_likelihood.canvas_logprob` (whose
-docstring derives it): the canvas's uniform start, and per live step the
+still generating in, of `likelihood.canvas_logprob` (whose docstring
+derives it): the canvas's uniform start, and per live step the
 accepted slots' sampled tokens under that step's temperature-scaled
 distribution plus log(1/V) per renoised slot, with the self-conditioning
 chain replayed under the scored parameters and acceptance recomputed from
