@@ -54,5 +54,5 @@ def test_splash_that_cannot_tile_the_scored_rows_is_refused_in_one_line():
   with pytest.raises(errors.UsageError, match="model.attention.*multiple"):
     rl_common.scoring_attention(*_cfgs(rollout_attention="splash"),
                                 _policy())
-  with pytest.raises(errors.UsageError, match="model.attention"):
+  with pytest.raises(errors.UsageError, match="rollout.attention: implementation"):
     rl_common.scoring_attention(*_cfgs(rollout_attention="fast"), _policy())

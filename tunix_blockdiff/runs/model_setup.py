@@ -184,9 +184,14 @@ __all__ = [
 ]
 
 
-def attention_config_from(model_cfg) -> config_lib.AttentionConfig:
+def attention_config_from(model_cfg,
+                          key: str = "model.attention"
+                          ) -> config_lib.AttentionConfig:
   """`model.attention` (`auto|dense|splash`, default dense), its tile and
   its mask mode (`model.attention_mask_mode`, `auto|static|dynamic`).
+
+  `key`: the recipe key an error names (`rollout.attention` for the
+  scorers' section).
 
   Raises:
     UsageError: a bad value, named by its recipe key.
@@ -197,7 +202,7 @@ def attention_config_from(model_cfg) -> config_lib.AttentionConfig:
         tile=model_cfg.get("attention_tile"),
         mask_mode=str(model_cfg.get("attention_mask_mode", "auto")))
   except (TypeError, ValueError) as e:
-    raise errors.UsageError(f"model.attention: {e}") from None
+    raise errors.UsageError(f"{key}: {e}") from None
 
 
 def mesh_for_attention(mesh, attention: config_lib.AttentionConfig):

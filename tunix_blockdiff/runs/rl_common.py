@@ -21,6 +21,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.rollout import base_rollout
 from tunix.sft import metrics_logger as metrics_lib
 
+from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff.runs import common
@@ -85,6 +86,26 @@ def rollout_configs(cfg, max_new_tokens: int, **extra) -> dict:
   }
 
 
+def recipe_scoring_attention(cfg, sft_cfg) -> config_lib.AttentionConfig:
+  """`rollout.attention` (with `rollout.attention_tile`) when set, else the
+  SFT recipe's `model.attention`; the per-example (`dynamic`) Splash mask.
+
+  Raises:
+    UsageError: a bad value, named by its recipe key.
+  """
+  section = cfg.rollout
+  if section.get("attention") is not None:
+    attention = common.attention_config_from(
+        {"attention": section.attention,
+         "attention_tile": section.get("attention_tile")},
+        key="rollout.attention")
+  else:
+    attention = common.attention_config_from(sft_cfg.model)
+  # Rollout rows are laid out by the engine, not by the SFT packing the
+  # recipe's mask mode was chosen for: the per-example mask, always right.
+  return dataclasses.replace(attention, mask_mode="dynamic")
+
+
 def scoring_attention(cfg, sft_cfg, policy):
   """The trajectory scorers' attention: `rollout.attention`, else the policy's.
 
@@ -102,15 +123,7 @@ def scoring_attention(cfg, sft_cfg, policy):
     UsageError: a bad value, or `splash` where it cannot run.
   """
   section = cfg.rollout
-  if section.get("attention") is not None:
-    attention = common.attention_config_from(
-        {"attention": section.attention,
-         "attention_tile": section.get("attention_tile")})
-  else:
-    attention = common.attention_config_from(sft_cfg.model)
-  # Rollout rows are laid out by the engine, not by the SFT packing the
-  # recipe's mask mode was chosen for: the per-example mask, always right.
-  attention = dataclasses.replace(attention, mask_mode="dynamic")
+  attention = recipe_scoring_attention(cfg, sft_cfg)
   # The scorers' one model call is two-stream over the scored rows.
   length = 2 * (int(section.max_prompt_length) + int(
       section.max_tokens_to_generate))
@@ -333,7 +346,9 @@ __all__ = [
     "groups_with_signal",
     "make_rl_optimizer",
     "per_step_means",
+    "recipe_scoring_attention",
     "rollout_configs",
     "rl_mesh",
+    "scoring_attention",
     "tracked_reward",
 ]

@@ -84,6 +84,8 @@ class DiffusionGemmaRollout(
       sampler_config: dg_config.SamplerConfig | None = None,
       max_tokens_to_generate: int | None = None,
       seed: int = 0,
+      splash_tile: int | None = None,
+      splash_interpret: bool | None = None,
   ):
     """Builds the engine.
 
@@ -100,6 +102,10 @@ class DiffusionGemmaRollout(
       max_tokens_to_generate: Overrides `RolloutConfig.max_tokens_to_generate`.
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         call i draws with `fold_in(key(seed), i)`.
+      splash_tile: The scorers (`score`) run every attention
+        call on the Splash kernel with this tile (it divides the prompt
+        width and the canvas); None: dense. Sampling stays dense.
+      splash_interpret: Pallas interpret mode; None: off TPU.
     """
     if not isinstance(rollout_actor, model_lib.DiffusionGemma):
       raise TypeError(
@@ -114,6 +120,10 @@ class DiffusionGemmaRollout(
           "sampler_config must be a SamplerConfig, got"
           f" {type(sampler_config).__name__}")
     scoring.check_samples(sampler_config)
+    scoring.check_splash_tile(
+        splash_tile, canvas_length=rollout_actor.config.canvas_length)
+    self._splash = dict(splash_tile=splash_tile,
+                        splash_interpret=splash_interpret)
     if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
       tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
     self._model = rollout_actor
@@ -201,7 +211,7 @@ class DiffusionGemmaRollout(
     entry = self._scorers.get(id(model))
     if entry is None or entry[0] is not model:
       entry = (model, scoring.SequenceScorer(model, self.sampler_config,
-                                             mesh=self.mesh))
+                                             mesh=self.mesh, **self._splash))
       self._scorers[id(model)] = entry
     return entry[1](model, np.asarray(prompt_tokens),
                     np.asarray(prompt_mask, bool), trace)

@@ -72,10 +72,16 @@ class DiffusionGemmaGRPOConfig(grpo_learner.GRPOConfig):
       rejects a different one.
     loss_agg_mode: `sequence-mean-token-mean` or `seq-mean-token-sum`; both
       mean the per-row losses (the loss is sequence-level).
+    splash_tile: The policy's log-probs (`sequence_logprobs`) run every
+      attention call on the Splash kernel with this tile (a multiple of 128
+      dividing the prompt width and the canvas); None: dense.
+    splash_interpret: Pallas interpret mode; None: off TPU.
   """
 
   policy_loss_fn: str = "dg_grpo"
   sampler_config: dg_config.SamplerConfig | None = None
+  splash_tile: int | None = None
+  splash_interpret: bool | None = None
 
   def __post_init__(self):
     super().__post_init__()
@@ -91,6 +97,8 @@ class DiffusionGemmaGRPOConfig(grpo_learner.GRPOConfig):
       raise TypeError(
           "sampler_config must be a SamplerConfig, got"
           f" {type(self.sampler_config).__name__}")
+    if self.splash_tile is not None:
+      scoring.check_splash_tile(self.splash_tile)
 
 
 def require_trace(train_example) -> output_lib.DiffusionGemmaTrace:
@@ -115,11 +123,15 @@ def require_sampler_config(algo_config) -> dg_config.SamplerConfig:
 
 
 def policy_sequence_logprobs(model, train_example,
-                             config: dg_config.SamplerConfig) -> jax.Array:
+                             config: dg_config.SamplerConfig, *,
+                             splash_tile: int | None = None,
+                             splash_interpret: bool | None = None
+                             ) -> jax.Array:
   """Differentiable log P of each row's trajectories, float32 [B]."""
   return scoring.sequence_logprobs(
       model, train_example.prompt_ids, train_example.prompt_mask,
-      require_trace(train_example), config)
+      require_trace(train_example), config, splash_tile=splash_tile,
+      splash_interpret=splash_interpret)
 
 
 def _mean(x: jax.Array) -> compat.WeightedMetric:
@@ -139,7 +151,8 @@ def dg_grpo_loss_fn(model, train_example, algo_config,
     model: The `DiffusionGemma` policy.
     train_example: `DiffusionGemmaTrainExample`.
     algo_config: `DiffusionGemmaGRPOConfig` (epsilon, epsilon_high, beta,
-      kl_loss_mode, kl_clamp_value, sampler_config).
+      kl_loss_mode, kl_clamp_value, sampler_config, splash_tile,
+      splash_interpret).
     pad_id, eos_id, **kwargs: Unused (Tunix's policy-loss signature).
 
   Returns:
@@ -151,7 +164,10 @@ def dg_grpo_loss_fn(model, train_example, algo_config,
   config = require_sampler_config(algo_config)
   epsilon = algo_config.epsilon
   epsilon_high = getattr(algo_config, "epsilon_high", None) or epsilon
-  logps = policy_sequence_logprobs(model, train_example, config)
+  logps = policy_sequence_logprobs(
+      model, train_example, config,
+      splash_tile=getattr(algo_config, "splash_tile", None),
+      splash_interpret=getattr(algo_config, "splash_interpret", None))
   if train_example.old_per_token_logps is None:
     old = jax.lax.stop_gradient(logps)
   else:

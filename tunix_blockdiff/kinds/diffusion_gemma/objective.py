@@ -26,7 +26,6 @@ corruption.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import jax
@@ -88,13 +87,11 @@ def make_loss_fn(objective: DiffusionGemmaObjective,
     raise TypeError("objective must be a DiffusionGemmaObjective, got"
                     f" {type(objective).__name__}")
   self_conditioning = objective.self_conditioning_prob > 0
-  scope = (contextlib.nullcontext if splash_tile is None else
-           lambda: dg_layers.splash_scope(splash_tile, splash_interpret))
 
   def loss_fn(model, clean, noisy, positions, valid, canvas_id, canvas_start,
               targets, loss_weights, sc_on) -> compat.LossOutput:
     args = (clean, noisy, positions, valid, canvas_id, canvas_start)
-    with scope():
+    with dg_layers.attention_scope(splash_tile, splash_interpret):
       logits = model(*args)
       if self_conditioning:
         logits = model(*args, jax.lax.stop_gradient(logits),

@@ -172,6 +172,7 @@ def run(cfg) -> dict[str, Any]:
   cfg.rollout.max_prompt_length, prompt_truncation = rl_data.size_prompts(
       cfg, tokenizer, prompts, job="opd")
   max_new_tokens = int(cfg.rollout.max_tokens_to_generate)
+  splash_tile = dg_rl.scoring_splash_tile(cfg, policy_cfg, mesh, student)
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
 
   teacher_clock = common.Stopwatch()
@@ -204,7 +205,8 @@ def run(cfg) -> dict[str, Any]:
       rl_common.tracked_reward(teacher_logprob, train_logprobs),
       generations=generations, iterations=1,
       beta=float(opd_cfg.reference_kl), epsilon=0.2, max_steps=steps,
-      description="DiffusionGemma OPD", checkpoints=(every, keep))
+      description="DiffusionGemma OPD", checkpoints=(every, keep),
+      splash_tile=splash_tile)
   trainer = cluster.actor_trainer
   rl_checkpoints.track_state(trainer, out, every, lambda: {
       "rollout_calls": cluster.rollout.calls,
@@ -247,6 +249,8 @@ def run(cfg) -> dict[str, Any]:
   step_logprobs = rl_common.per_step_means(train_logprobs, per_step)
   summary = {
       "policy_family": "diffusion_gemma",
+      "scoring_attention": "splash" if splash_tile else "dense",
+      "scoring_attention_tile": splash_tile,
       "prompt_truncation": prompt_truncation,
       "divergence_kind": "teacher_cross_entropy",
       "divergence_start": start["divergence"],

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import pathlib
 import types
 from typing import Any
@@ -125,16 +126,53 @@ def load_policy(init_cfg):
   return model, policy_cfg, defaults, step
 
 
+def scoring_splash_tile(cfg, policy_cfg, mesh, policy) -> int | None:
+  """The Splash tile of the trajectory scorers, or None (dense).
+
+  `rollout.attention` (else the policy's SFT `model.attention`), as for
+  block diffusion. The scorers attend over `rollout.max_prompt_length` plus
+  whole canvases, so Splash needs a tile dividing both, and one device;
+  `splash` where that fails is refused in one line, `auto` takes Splash on
+  a one-device TPU where it tiles.
+
+  Raises:
+    UsageError: a bad value, or `splash` where it cannot run.
+  """
+  attention = rl_common.recipe_scoring_attention(cfg, policy_cfg)
+  if attention.implementation == "dense":
+    return None
+  one_device = mesh is None or mesh.devices.size == 1
+  backend = jax.default_backend()
+  width = int(cfg.rollout.max_prompt_length)
+  canvas = int(policy.config.canvas_length)
+  tile = attention.tile_for(math.gcd(width, canvas), backend)
+  if attention.implementation == "auto":
+    return tile if backend == "tpu" and one_device else None
+  if not one_device:
+    raise errors.UsageError(
+        "rollout.attention: DiffusionGemma scores with 'splash' on one"
+        " device; drop the mesh or use 'dense' (or 'auto')")
+  if tile is None:
+    raise errors.UsageError(
+        "rollout.attention: 'splash' needs rollout.max_prompt_length"
+        f" ({width}) and the canvas length ({canvas}) to be multiples of the"
+        f" tile ({attention.tile or 128}); change them or use 'dense'")
+  return tile
+
+
 def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
                  reward_fn, *, generations: int, iterations: int, beta: float,
                  epsilon: float, max_steps: int, description: str,
-                 checkpoints: tuple[int | None, int]):
+                 checkpoints: tuple[int | None, int],
+                 splash_tile: int | None = None):
   """(`DiffusionGemmaRLCluster`, `DiffusionGemmaGRPOLearner`) of a job.
 
   The rl and opd jobs on a DiffusionGemma policy share it: every role on
   `mesh`, the policy sampled by `DiffusionGemmaRollout` with `sampler`,
   trained with `dg_grpo` on `reward_fn`; a reference copy of the policy
-  only when `beta` (the KL weight) is nonzero.
+  only when `beta` (the KL weight) is nonzero. `splash_tile`
+  (`scoring_splash_tile`): the policy's log-probs and the engine's
+  scorers run Splash; None: dense.
   """
   reference = nnx.clone(policy) if beta != 0.0 else None
   cluster = cluster_lib.DiffusionGemmaRLCluster(
@@ -144,7 +182,8 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
       cluster_config=rl_common.cluster_config(
           algo_cfg, out, mesh,
           functools.partial(engine_lib.DiffusionGemmaRollout,
-                            sampler_config=sampler, seed=int(cfg.seed)),
+                            sampler_config=sampler, seed=int(cfg.seed),
+                            splash_tile=splash_tile),
           rl_common.rollout_configs(cfg, int(cfg.rollout.max_tokens_to_generate)),
           max_steps=max_steps,
           description=description,
@@ -155,7 +194,7 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
       cluster,
       dg_grpo.DiffusionGemmaGRPOConfig(
           num_generations=generations, num_iterations=iterations, beta=beta,
-          epsilon=epsilon),
+          epsilon=epsilon, splash_tile=splash_tile),
       reward_fns=[reward_fn],
   )
   return cluster, learner
@@ -284,6 +323,7 @@ def run(cfg) -> dict[str, Any]:
       num_held_out=int(cfg.eval.num_prompts), seed=int(cfg.seed) + 1000)
   cfg.rollout.max_prompt_length, prompt_truncation = rl_data.size_prompts(
       cfg, tokenizer, prompts, job="rl")
+  splash_tile = scoring_splash_tile(cfg, policy_cfg, mesh, policy)
   reward_fn = rl_reward.recipe_reward(cfg, prompts)
   train_rewards: list[float] = list(resume[1]["train_rewards"]) if resume else []
   cluster, learner = grpo_learner(
@@ -292,7 +332,7 @@ def run(cfg) -> dict[str, Any]:
       generations=generations, iterations=iterations,
       beta=float(grpo_cfg.beta), epsilon=float(grpo_cfg.epsilon),
       max_steps=steps * iterations, description="DiffusionGemma GRPO",
-      checkpoints=(every, keep))
+      checkpoints=(every, keep), splash_tile=splash_tile)
   trainer = cluster.actor_trainer
   done_ratios = list(resume[1]["is_ratio_mean"]) if resume else []
 
@@ -340,6 +380,8 @@ def run(cfg) -> dict[str, Any]:
   batch_rewards = rl_common.per_step_means(train_rewards, per_step)
   summary = {
       "policy_family": "diffusion_gemma",
+      "scoring_attention": "splash" if splash_tile else "dense",
+      "scoring_attention_tile": splash_tile,
       "prompt_truncation": prompt_truncation,
       **reward_gain(start["sampled"], end["sampled"]),
       **reward_gain(start["greedy"], end["greedy"], name="greedy_reward"),

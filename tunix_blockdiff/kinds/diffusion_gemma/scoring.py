@@ -21,7 +21,10 @@ gradient, so conditioning on them keeps the scorer exact there (PPO ratio
 
 The context is encoded once, causally over `[prompt ; canvas_1 .. canvas_K]`
 (the same causal pass the sampler runs piecewise); canvas k's decoder sees
-its first `P + (k - 1) C` slots.
+its first `P + (k - 1) C` slots. With `splash_tile` every attention call of
+the scorer (the encoder's [P + K C, P + K C], each canvas's decoder) runs
+the Splash kernel on its mask (`layers.attention_scope`); the tile must
+divide P and C.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 
 from tunix_blockdiff import distributed
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
+from tunix_blockdiff.models.diffusion_gemma import layers as dg_layers
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
 from tunix_blockdiff.kinds.diffusion_gemma import likelihood as entropy_bound_likelihood
 from tunix_blockdiff.kinds.diffusion_gemma import output as output_lib
@@ -76,10 +80,26 @@ def check_inputs(model: model_lib.DiffusionGemma, prompt_tokens, prompt_valid,
         f" {trace.tokens.shape}")
 
 
+def check_splash_tile(tile: int | None, **lengths: int) -> None:
+  """ValueError unless `tile` (None: dense) is a multiple of 128 that
+  divides every length given (by name: `prompt_width=P`, ...)."""
+  if tile is None:
+    return
+  if isinstance(tile, bool) or not isinstance(tile, int) or tile < 128 or (
+      tile % 128):
+    raise ValueError(f"splash_tile must be a multiple of 128, got {tile!r}")
+  bad = [f"{name} {length}" for name, length in lengths.items()
+         if length % tile]
+  if bad:
+    raise ValueError(f"splash_tile {tile} must divide the {', '.join(bad)}")
+
+
 def sequence_logprobs(model: model_lib.DiffusionGemma, prompt_tokens,
                       prompt_valid, trace: output_lib.DiffusionGemmaTrace,
                       config: dg_config.SamplerConfig, *,
-                      per_canvas: bool = False) -> jax.Array:
+                      per_canvas: bool = False,
+                      splash_tile: int | None = None,
+                      splash_interpret: bool | None = None) -> jax.Array:
   """log P of each row's recorded trajectories under `model` (differentiable).
 
   Args:
@@ -90,6 +110,9 @@ def sequence_logprobs(model: model_lib.DiffusionGemma, prompt_tokens,
     config: The rollout's `SamplerConfig` (temperature schedule, bound).
     per_canvas: Return float32 [B, K] (0 for inactive canvases) instead of
       the row totals.
+    splash_tile: Run every attention call on the Splash kernel with this
+      tile (it divides P and C); None: dense.
+    splash_interpret: Pallas interpret mode; None: off TPU.
 
   Returns:
     float32 [B] (or [B, K]).
@@ -98,6 +121,17 @@ def sequence_logprobs(model: model_lib.DiffusionGemma, prompt_tokens,
   prompt_tokens = jnp.asarray(prompt_tokens)
   prompt_valid = jnp.asarray(prompt_valid, bool)
   check_inputs(model, prompt_tokens, prompt_valid, trace)
+  b, p = prompt_tokens.shape
+  _, k, _, c = trace.canvas.shape
+  check_splash_tile(splash_tile, prompt_width=p, canvas_length=c)
+  with dg_layers.attention_scope(splash_tile, splash_interpret):
+    return _sequence_logprobs(model, prompt_tokens, prompt_valid, trace,
+                              config, per_canvas)
+
+
+def _sequence_logprobs(model, prompt_tokens, prompt_valid, trace, config,
+                       per_canvas: bool) -> jax.Array:
+  """`sequence_logprobs` after its checks, in the caller's attention scope."""
   b, p = prompt_tokens.shape
   _, k, _, c = trace.canvas.shape
   total = p + k * c
@@ -152,18 +186,24 @@ class SequenceScorer:
 
   def __init__(self, model: model_lib.DiffusionGemma,
                config: dg_config.SamplerConfig, *,
-               mesh: jax.sharding.Mesh | None = None):
+               mesh: jax.sharding.Mesh | None = None,
+               splash_tile: int | None = None,
+               splash_interpret: bool | None = None):
     if not isinstance(config, dg_config.SamplerConfig):
       raise TypeError(
           f"config must be a SamplerConfig, got {type(config).__name__}")
     check_samples(config)
+    check_splash_tile(splash_tile, canvas_length=model.config.canvas_length)
     graphdef, _ = nnx.split(model)
     self.config = config
     self.mesh = mesh
+    self.splash_tile = splash_tile
 
     def score(state, prompt_tokens, prompt_valid, trace):
       m = nnx.merge(graphdef, state)
-      return sequence_logprobs(m, prompt_tokens, prompt_valid, trace, config)
+      return sequence_logprobs(m, prompt_tokens, prompt_valid, trace, config,
+                               splash_tile=splash_tile,
+                               splash_interpret=splash_interpret)
 
     self._score = jax.jit(score)
 
@@ -182,4 +222,4 @@ class SequenceScorer:
 
 
 __all__ = ["SequenceScorer", "check_inputs", "check_samples",
-           "sequence_logprobs"]
+           "check_splash_tile", "sequence_logprobs"]

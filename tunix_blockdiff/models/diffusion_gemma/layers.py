@@ -47,6 +47,13 @@ def splash_scope(tile: int, interpret: bool | None = None):
     _SPLASH.reset(token)
 
 
+def attention_scope(tile: int | None, interpret: bool | None = None):
+  """`splash_scope(tile, interpret)`, or a no-op scope (dense) for None."""
+  if tile is None:
+    return contextlib.nullcontext()
+  return splash_scope(tile, interpret)
+
+
 def splash_attend(q, keys, values, mask, tile: int,
                   interpret: bool | None = None) -> jax.Array:
   """`Attention.attend`'s weighted values through Splash: [B, T, N, H].
