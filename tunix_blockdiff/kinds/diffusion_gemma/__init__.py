@@ -7,7 +7,7 @@
 * `engine`, `scoring`, `likelihood`, `cluster`, `grpo`, `learner`: the Tunix
   rollout engine, the exact trajectory likelihood, and GRPO/OPD on them.
 * `sft`, `rl`, `opd`, `generate`: the jobs (`runs.kinds` dispatches to
-  them).
+  them); `evaluation`: the rl job's held-out rewards and their gain.
 
 The model itself is `models.diffusion_gemma`.
 """

@@ -14,7 +14,7 @@ or `dataset` and `reward`.
 Recipe keys that do not apply here: `rollout.threshold`,
 `rollout.temperature` (the sampler's temperature schedule applies),
 `grpo.loss_agg_mode` and `grpo.likelihood` (dg_grpo is sequence-level and
-exact). Not supported: several processes.
+exact).
 
 Checkpoints and resume are the rl job's (`runs.rl_checkpoints`):
 `grpo.checkpoint_every_n_steps` saves the actor through Tunix and the job
@@ -38,18 +38,15 @@ init.checkpoint=` take it).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import pathlib
-import types
 from typing import Any
 
 from flax import nnx
 import jax
 import numpy as np
 import omegaconf
-from tunix.generate import tokenizer_adapter
 from tunix.rl import rl_cluster as rl_cluster_lib
 
 from tunix_blockdiff import errors
@@ -60,13 +57,11 @@ from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.runs import rl_common
 from tunix_blockdiff.runs import rl_data
 from tunix_blockdiff.runs import rl_reward
-from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib
 from tunix_blockdiff.kinds.diffusion_gemma import grpo as dg_grpo
 from tunix_blockdiff.kinds.diffusion_gemma import learner as learner_lib
-from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 from tunix_blockdiff.kinds.diffusion_gemma import engine as engine_lib
-from tunix_blockdiff.rollout import prompts as prompts_lib
+from tunix_blockdiff.kinds.diffusion_gemma import evaluation
 
 Role = rl_cluster_lib.Role
 Mode = rl_cluster_lib.Mode
@@ -200,94 +195,6 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
   return cluster, learner
 
 
-def reward_gain(start: list[float], end: list[float],
-                name: str = "reward") -> dict[str, float]:
-  """Held-out reward before/after, with standard errors over the prompts.
-
-  Args:
-    start: Each held-out prompt's mean reward before training.
-    end: The same prompts' after training.
-    name: The keys' stem.
-
-  Returns:
-    `{name}_start`, `{name}_end` (means), their standard errors
-    `{name}_start_se`, `{name}_end_se`, and `{name}_gain` (end - start)
-    with `{name}_gain_se`, the paired standard error (of the per-prompt
-    differences: the prompts are the same, their samples independent).
-  """
-  start, end = np.asarray(start, np.float64), np.asarray(end, np.float64)
-  n = len(start)
-
-  def se(x):
-    return float(np.std(x, ddof=1) / np.sqrt(n)) if n > 1 else float("nan")
-
-  return {
-      f"{name}_start": float(start.mean()),
-      f"{name}_end": float(end.mean()),
-      f"{name}_start_se": se(start),
-      f"{name}_end_se": se(end),
-      f"{name}_gain": float((end - start).mean()),
-      f"{name}_gain_se": se(end - start),
-  }
-
-
-def greedy_rewards(model, sampler: dg.SamplerConfig, tokenizer, mesh, rows,
-                   reward_fn, *, max_prompt_length: int, max_new_tokens: int,
-                   batch_size: int, seed: int):
-  """A function giving each row's reward under the greedy sampler.
-
-  `SamplerConfig(greedy=True)`: each step's denoiser canvas is the argmax.
-  The initial canvases and renoising still draw, from keys fixed by `seed`
-  and the batch index, so every call (before and after training, and after
-  a resume) uses the same noise: the gain is paired.
-
-  Args:
-    model: The policy (read at each call: the trained parameters).
-    sampler: The rollouts' `SamplerConfig`.
-    tokenizer: The policy's tokenizer.
-    mesh: The rl mesh (rows sharded over fsdp) or None.
-    rows: The held-out `rl_data.Row`s.
-    reward_fn: The recipe's reward, called as Tunix calls it.
-    max_prompt_length: Prompt width.
-    max_new_tokens: New tokens per completion.
-    batch_size: Rows per sampler call.
-    seed: Noise seed.
-
-  Returns:
-    `() -> list[float]`, one reward per row.
-  """
-  config = dataclasses.replace(sampler, greedy=True)
-  program = dg_rollout.DiffusionGemmaSampler(model, config, mesh=mesh)
-  adapter = (tokenizer
-             if isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter)
-             else tokenizer_adapter.TokenizerAdapter(tokenizer))
-
-  class Greedy:
-    """`rl_common.evaluate_rewards`'s generator: batch i draws with key i."""
-
-    calls = 0
-
-    def generate(self, texts, mode):
-      del mode
-      encoded = prompts_lib.tokenize_prompts(adapter, texts, max_prompt_length)
-      result = program.generate(
-          encoded.tokens, encoded.lengths, max_new_tokens=max_new_tokens,
-          rng=jax.random.fold_in(jax.random.key(seed), self.calls))
-      self.calls += 1
-      _, text = engine_lib.completions(result.tokens, config.eos_token_id,
-                                       adapter)
-      return types.SimpleNamespace(text=text)
-
-  def evaluate() -> list[float]:
-    rewards: list[float] = []
-    rl_common.evaluate_rewards(Greedy(), rows, reward_fn, samples=1,
-                               mode=Mode.EVAL, batch_size=batch_size,
-                               per_rollout=rewards)
-    return rewards
-
-  return evaluate
-
-
 def _check(cfg) -> None:
   if cfg.get("reward"):
     rl_reward.load_reward_fn(str(cfg.reward), columns=None)
@@ -348,7 +255,7 @@ def run(cfg) -> dict[str, Any]:
                        steps * iterations, out)
 
   samples = int(cfg.eval.samples_per_prompt)
-  greedy = greedy_rewards(
+  greedy = evaluation.greedy_rewards(
       trainer.model, sampler, tokenizer, mesh, prompts.held_out, reward_fn,
       max_prompt_length=int(cfg.rollout.max_prompt_length),
       max_new_tokens=int(cfg.rollout.max_tokens_to_generate),
@@ -383,8 +290,9 @@ def run(cfg) -> dict[str, Any]:
       "scoring_attention": "splash" if splash_tile else "dense",
       "scoring_attention_tile": splash_tile,
       "prompt_truncation": prompt_truncation,
-      **reward_gain(start["sampled"], end["sampled"]),
-      **reward_gain(start["greedy"], end["greedy"], name="greedy_reward"),
+      **evaluation.reward_gain(start["sampled"], end["sampled"]),
+      **evaluation.reward_gain(start["greedy"], end["greedy"],
+                               name="greedy_reward"),
       # The recipe reward of the greedy sampler (as the block-diffusion
       # rl job names it).
       "greedy_exact_match_start": float(np.mean(start["greedy"])),
