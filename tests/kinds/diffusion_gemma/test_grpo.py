@@ -217,6 +217,11 @@ def test_the_learner_refuses_other_clusters_configs_and_engines():
         cluster, dg_grpo.DiffusionGemmaGRPOConfig(
             num_generations=2, sampler_config=other),
         reward_fns=[lambda **k: 0])
+  with pytest.raises(ValueError, match="splash_tile 128 differs"):
+    learner_lib.DiffusionGemmaGRPOLearner(
+        cluster, dg_grpo.DiffusionGemmaGRPOConfig(
+            num_generations=2, splash_tile=128),
+        reward_fns=[lambda **k: 0])
   with pytest.raises(TypeError, match="sequence-level"):
     cluster.get_ref_per_token_logps(None, None)
 

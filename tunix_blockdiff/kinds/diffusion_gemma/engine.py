@@ -122,8 +122,8 @@ class DiffusionGemmaRollout(
     scoring.check_samples(sampler_config)
     scoring.check_splash_tile(
         splash_tile, canvas_length=rollout_actor.config.canvas_length)
-    self._splash = dict(splash_tile=splash_tile,
-                        splash_interpret=splash_interpret)
+    self.splash_tile = splash_tile
+    self.splash_interpret = splash_interpret
     if not isinstance(tokenizer, tokenizer_adapter.TokenizerAdapter):
       tokenizer = tokenizer_adapter.TokenizerAdapter(tokenizer)
     self._model = rollout_actor
@@ -211,7 +211,10 @@ class DiffusionGemmaRollout(
     entry = self._scorers.get(id(model))
     if entry is None or entry[0] is not model:
       entry = (model, scoring.SequenceScorer(model, self.sampler_config,
-                                             mesh=self.mesh, **self._splash))
+                                             mesh=self.mesh,
+                                             splash_tile=self.splash_tile,
+                                             splash_interpret=(
+                                                 self.splash_interpret)))
       self._scorers[id(model)] = entry
     return entry[1](model, np.asarray(prompt_tokens),
                     np.asarray(prompt_mask, bool), trace)

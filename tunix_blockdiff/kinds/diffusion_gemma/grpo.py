@@ -75,6 +75,8 @@ class DiffusionGemmaGRPOConfig(grpo_learner.GRPOConfig):
     splash_tile: The policy's log-probs (`sequence_logprobs`) run every
       attention call on the Splash kernel with this tile (a multiple of 128
       dividing the prompt width and the canvas); None: dense.
+      `DiffusionGemmaGRPOLearner` fills it from the engine when None and
+      rejects a different one.
     splash_interpret: Pallas interpret mode; None: off TPU.
   """
 
@@ -97,8 +99,7 @@ class DiffusionGemmaGRPOConfig(grpo_learner.GRPOConfig):
       raise TypeError(
           "sampler_config must be a SamplerConfig, got"
           f" {type(self.sampler_config).__name__}")
-    if self.splash_tile is not None:
-      scoring.check_splash_tile(self.splash_tile)
+    scoring.check_splash_tile(self.splash_tile)
 
 
 def require_trace(train_example) -> output_lib.DiffusionGemmaTrace:

@@ -66,6 +66,16 @@ class DiffusionGemmaGRPOLearner(grpo_learner.GRPOLearner):
           "algo_config.sampler_config differs from the rollout engine's"
           f" {engine_config}; the scorer must replay the rollout's own"
           " distribution")
+    # One attention for the engine's old/reference scores and the loss's.
+    engine = rl_cluster.rollout
+    if algo_config.splash_tile is None:
+      algo_config.splash_tile = engine.splash_tile
+      algo_config.splash_interpret = engine.splash_interpret
+    elif algo_config.splash_tile != engine.splash_tile:
+      raise ValueError(
+          f"algo_config.splash_tile {algo_config.splash_tile} differs from"
+          f" the rollout engine's {engine.splash_tile}; the loss and the old"
+          " log-probs must come from the same attention kernels")
     super().__init__(rl_cluster=rl_cluster, algo_config=algo_config,
                      reward_fns=reward_fns, metric_fns=metric_fns,
                      data_shuffle_seed=data_shuffle_seed)

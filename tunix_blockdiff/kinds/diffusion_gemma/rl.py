@@ -44,7 +44,6 @@ import pathlib
 from typing import Any
 
 from flax import nnx
-import jax
 import numpy as np
 import omegaconf
 from tunix.rl import rl_cluster as rl_cluster_lib
@@ -126,33 +125,18 @@ def scoring_splash_tile(cfg, policy_cfg, mesh, policy) -> int | None:
 
   `rollout.attention` (else the policy's SFT `model.attention`), as for
   block diffusion. The scorers attend over `rollout.max_prompt_length` plus
-  whole canvases, so Splash needs a tile dividing both, and one device;
-  `splash` where that fails is refused in one line, `auto` takes Splash on
-  a one-device TPU where it tiles.
+  whole canvases, so the tile must divide both (`dg_job.splash_tile_for`).
 
   Raises:
     UsageError: a bad value, or `splash` where it cannot run.
   """
-  attention = rl_common.recipe_scoring_attention(cfg, policy_cfg)
-  if attention.implementation == "dense":
-    return None
-  one_device = mesh is None or mesh.devices.size == 1
-  backend = jax.default_backend()
   width = int(cfg.rollout.max_prompt_length)
   canvas = int(policy.config.canvas_length)
-  tile = attention.tile_for(math.gcd(width, canvas), backend)
-  if attention.implementation == "auto":
-    return tile if backend == "tpu" and one_device else None
-  if not one_device:
-    raise errors.UsageError(
-        "rollout.attention: DiffusionGemma scores with 'splash' on one"
-        " device; drop the mesh or use 'dense' (or 'auto')")
-  if tile is None:
-    raise errors.UsageError(
-        "rollout.attention: 'splash' needs rollout.max_prompt_length"
-        f" ({width}) and the canvas length ({canvas}) to be multiples of the"
-        f" tile ({attention.tile or 128}); change them or use 'dense'")
-  return tile
+  return dg_job.splash_tile_for(
+      rl_common.recipe_scoring_attention(cfg, policy_cfg),
+      math.gcd(width, canvas), mesh, key="rollout.attention",
+      lengths=(f"rollout.max_prompt_length ({width}) and the canvas length"
+               f" ({canvas}) each"))
 
 
 def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
@@ -166,8 +150,8 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
   `mesh`, the policy sampled by `DiffusionGemmaRollout` with `sampler`,
   trained with `dg_grpo` on `reward_fn`; a reference copy of the policy
   only when `beta` (the KL weight) is nonzero. `splash_tile`
-  (`scoring_splash_tile`): the policy's log-probs and the engine's
-  scorers run Splash; None: dense.
+  (`scoring_splash_tile`): the engine's scorers run Splash, and the
+  learner gives the loss the engine's tile; None: dense.
   """
   reference = nnx.clone(policy) if beta != 0.0 else None
   cluster = cluster_lib.DiffusionGemmaRLCluster(
@@ -189,7 +173,7 @@ def grpo_learner(cfg, algo_cfg, out, mesh, policy, tokenizer, sampler,
       cluster,
       dg_grpo.DiffusionGemmaGRPOConfig(
           num_generations=generations, num_iterations=iterations, beta=beta,
-          epsilon=epsilon, splash_tile=splash_tile),
+          epsilon=epsilon),
       reward_fns=[reward_fn],
   )
   return cluster, learner

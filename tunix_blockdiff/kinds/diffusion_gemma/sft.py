@@ -193,25 +193,53 @@ def run_sft(cfg) -> dict[str, Any]:
 def _splash_tile(cfg, mesh) -> int | None:
   """The Splash tile the training attention runs with, or None (dense).
 
-  `model.attention`: `splash` needs one device (no mesh over several) and
-  `data.seq_len` a multiple of the tile (the encoder attends [L, L], the
-  decoder [L, 2L]); `auto` takes Splash on a TPU where both hold.
+  `model.attention` (`splash_tile_for`) over `data.seq_len`: the encoder
+  attends [L, L], the decoder [L, 2L].
 
   Raises:
     UsageError: `splash` where it cannot run, in one line.
   """
-  attention = common.attention_config_from(cfg.model)
+  length = int(cfg.data.seq_len)
+  return splash_tile_for(common.attention_config_from(cfg.model), length,
+                         mesh, key="model.attention",
+                         lengths=f"data.seq_len ({length})")
+
+
+def splash_tile_for(attention, length: int, mesh, *, key: str,
+                    lengths: str) -> int | None:
+  """The Splash tile of a DiffusionGemma job's attention, or None (dense).
+
+  `splash` needs one device (no mesh over several) and a tile that divides
+  `length` (every attended length is a multiple of it); `auto` takes
+  Splash on a one-device TPU where it tiles, `dense` never.
+
+  Args:
+    attention: The recipe's `AttentionConfig`.
+    length: A length every attention call's query and key lengths are
+      multiples of.
+    mesh: The job's mesh, or None.
+    key: The recipe key an error names.
+    lengths: The recipe values `length` comes from, as an error says them.
+
+  Raises:
+    UsageError: `splash` where it cannot run, in one line.
+  """
+  if attention.implementation == "dense":
+    return None
   one_device = mesh is None or mesh.devices.size == 1
-  if attention.implementation == "splash" and not one_device:
+  backend = jax.default_backend()
+  tile = attention.tile_for(length, backend)
+  if attention.implementation == "auto":
+    return tile if backend == "tpu" and one_device else None
+  if not one_device:
     raise errors.UsageError(
-        "model.attention: DiffusionGemma runs 'splash' on one device; drop"
-        " the mesh or use 'dense' (or 'auto')")
-  length, backend = int(cfg.data.seq_len), jax.default_backend()
-  try:
-    splash = attention.uses_splash(length, backend, one_device)
-  except ValueError as e:
-    raise errors.UsageError(f"model.attention: {e}") from None
-  return attention.tile_for(length, backend) if splash else None
+        f"{key}: DiffusionGemma runs 'splash' on one device; drop the mesh"
+        " or use 'dense' (or 'auto')")
+  if tile is None:
+    raise errors.UsageError(
+        f"{key}: 'splash' needs {lengths} to be a multiple of the tile"
+        f" ({attention.tile or 128}); change it or use 'dense'")
+  return tile
 
 
 def _run_sft(cfg, mesh, splash_tile) -> dict[str, Any]:
