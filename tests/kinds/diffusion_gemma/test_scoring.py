@@ -4,7 +4,7 @@
 decoder's attention on Splash (Pallas interpret mode here); its log-probs
 and gradients must equal the dense scorer's. The rl/opd jobs choose the
 tile from `rollout.attention` (`rl.scoring_splash_tile`) and hand it to the
-GRPO loss and the engine's scorers.
+engine's scorers; the learner gives the GRPO loss the engine's tile.
 """
 
 import functools
