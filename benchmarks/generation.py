@@ -169,7 +169,9 @@ def raw_call_seconds(model, batch: int, cache_len: int, width: int,
   dtype = kv_cache.activation_dtype(model)
   tokens = jnp.full((batch, width), 7, jnp.int32)
   positions = jnp.broadcast_to(cache_len + jnp.arange(width), (batch, width))
-  valid = jnp.ones((batch, cache_len), bool)
+  # The cache's whole chunks; the slots past `cache_len` hold no keys.
+  slots = -(-cache_len // window_attention.TILE) * window_attention.TILE
+  valid = jnp.broadcast_to(jnp.arange(slots) < cache_len, (batch, slots))
   mask = jnp.ones((batch, width, width), bool)
 
   @jax.jit
@@ -202,7 +204,7 @@ def write_seconds(model, batch: int, cache_len: int, block: int,
   def loop(state):
     m = nnx.merge(graphdef, state)
     cache = window_attention.init_cache(m, batch, cache_len, dtype)
-    fresh = window_attention.init_cache(m, batch, block, dtype)
+    fresh = window_attention.init_block(m, batch, block, dtype)
     rows = jnp.ones((batch,), bool)
 
     def body(i, cache):
@@ -211,7 +213,8 @@ def write_seconds(model, batch: int, cache_len: int, block: int,
       # lets XLA lower the write differently from the driver's).
       step = i.astype(dtype)
       block_i = window_attention.Cache(fresh.k + step, fresh.v - step)
-      return window_attention.write_blocks(cache, block_i, start, rows)
+      return window_attention.write_blocks(cache, block_i, start, rows,
+                                           start_step=block)
 
     cache = jax.lax.fori_loop(0, calls, body, cache)
     return cache.k[0, :, 0, 0, 0]
@@ -234,10 +237,8 @@ def prefill_seconds(model, tokens, block: int, repeats: int) -> float:
     mask = jnp.ones((batch, length, length), bool)
     logits, keys, values = window_attention.window_call(
         m, tokens[:, :length], positions, [], mask)
-    cache = window_attention.write_blocks(
-        window_attention.init_cache(m, batch, length + 4 * block, dtype),
-        window_attention.as_block(keys, values, length),
-        jnp.zeros((batch,), jnp.int32), jnp.ones((batch,), bool))
+    cache = window_attention.cache_from_block(
+        window_attention.as_block(keys, values, length), length + 4 * block)
     return logits[:, -1, 0], cache.k[0, :, 0, 0, 0]
 
   return median_seconds(lambda: prefill(state, tokens), repeats)[1]

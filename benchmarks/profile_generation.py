@@ -100,13 +100,15 @@ def main(argv=None) -> int:
   parser.add_argument("--new-tokens", type=int, default=256)
   parser.add_argument("--schedule", default="b4s1",
                       choices=tuple(generation.SCHEDULES))
+  parser.add_argument("--cache-phases", type=int, default=1,
+                      help="generate's cache_phases")
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--trace-dir", default=None,
                       help="keep the trace here (default: a temp dir)")
   parser.add_argument("--json", default=None, help="write every op here")
   args = parser.parse_args(argv)
-  if args.batch < 1 or args.new_tokens < 1:
-    parser.error("--batch and --new-tokens must be >= 1")
+  if args.batch < 1 or args.new_tokens < 1 or args.cache_phases < 1:
+    parser.error("--batch, --new-tokens and --cache-phases must be >= 1")
 
   model, model_config = generation.build_model(args.model, args.dtype)
   vocab = model_config.vocab_size
@@ -117,7 +119,8 @@ def main(argv=None) -> int:
 
   def run():
     return cached.generate(model, tokens, lengths, config,
-                           max_new_tokens=args.new_tokens)
+                           max_new_tokens=args.new_tokens,
+                           cache_phases=args.cache_phases)
 
   result = jax.block_until_ready(run())  # compiles
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="profile_gen_")
@@ -130,7 +133,8 @@ def main(argv=None) -> int:
                                   .stat().st_mtime)))
   total = sum(r["ms"] for r in rows)
   calls = int(result.num_steps)
-  print(f"{args.model} {args.dtype} batch {args.batch} {args.schedule}:"
+  print(f"{args.model} {args.dtype} batch {args.batch} {args.schedule}"
+        f" cache_phases {args.cache_phases}:"
         f" {total:.1f} ms of device ops, {calls} model calls"
         f" ({total / calls:.2f} ms/call), {jax.devices()[0].device_kind}\n")
   print("| op | result | runs | ms | share | ms/call | source |")

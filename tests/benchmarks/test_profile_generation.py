@@ -29,14 +29,18 @@ def test_a_tiny_run_profiles_its_call(tmp_path, capsys):
   out = tmp_path / "ops.json"
   assert profile_generation.main(
       ["--batch", "2", "--new-tokens", "8", "--prompt-width", "8",
-       "--json", str(out), "--trace-dir", str(tmp_path / "trace")]) == 0
+       "--cache-phases", "2", "--json", str(out),
+       "--trace-dir", str(tmp_path / "trace")]) == 0
   report = json.loads(out.read_text())
   assert report["calls"] >= 2 and report["total_ms"] > 0
   assert report["ops"] and not any(
       op["name"].startswith("while") for op in report["ops"])
-  assert "| op | result |" in capsys.readouterr().out
-  with pytest.raises(SystemExit):
-    profile_generation.main(["--batch", "0"])
+  printed = capsys.readouterr().out
+  assert "| op | result |" in printed and "cache_phases 2" in printed
+  for bad in (["--batch", "0"], ["--cache-phases", "0"]):
+    with pytest.raises(SystemExit):
+      profile_generation.main(bad)
+  assert "--cache-phases" in capsys.readouterr().err
 
 
 def test_a_tpu_event_name_is_split_into_op_and_result():

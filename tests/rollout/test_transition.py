@@ -1,9 +1,10 @@
 """`rollout.transition.propose` against the distribution it documents.
 
 `propose` computes the log-softmax without storing it (so that XLA fuses it
-into the argmax); its proposals and log-probs must equal, to the bit, the
-argmax and the gathered entry of `proposal_log_probs`, which the RL scorers
-use to re-score trajectories.
+into its reductions); its log-probs must equal, to the bit, the gathered
+entry of `proposal_log_probs`, which the RL scorers use to re-score
+trajectories, and its proposals the argmax of the logits (greedy) or of the
+Gumbel-perturbed log-probs (sampling).
 """
 
 from hypothesis import given
@@ -39,8 +40,13 @@ def test_propose_is_the_argmax_of_proposal_log_probs(seed, temperature, top_k,
   # temperature's division, the same way in both).
   log_probs = jax.jit(
       lambda x: transition.proposal_log_probs(x, config))(logits)
-  scores = log_probs if noise is None else log_probs + noise
-  np.testing.assert_array_equal(proposal, jnp.argmax(scores, axis=-1))
+  if noise is None:
+    # Greedy: the argmax of the logits, the mask token's removed.
+    np.testing.assert_array_equal(
+        proposal, jnp.argmax(logits.at[..., vocab - 1].set(-jnp.inf), -1))
+  else:
+    np.testing.assert_array_equal(proposal,
+                                  jnp.argmax(log_probs + noise, axis=-1))
   want = jnp.take_along_axis(log_probs, proposal[..., None], axis=-1)[..., 0]
   np.testing.assert_array_equal(log_prob, want)
   assert not np.any(np.asarray(proposal) == vocab - 1)
@@ -86,3 +92,23 @@ def test_sub_blocks_must_divide_the_block_and_take_the_threshold_rule():
   with pytest.raises(ValueError, match="steps_per_block to None"):
     config_lib.DenoiseConfig(block_size=8, mask_token_id=0, sub_block_size=4,
                              steps_per_block=2)
+
+
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), temperature=st.sampled_from([0.0, 0.7]))
+def test_propose_reads_bf16_logits_as_their_float32_values(seed, temperature):
+  """The cached driver hands a bf16 model's logits over uncast."""
+  vocab = 37
+  logits = (4 * jax.random.normal(jax.random.key(seed), (2, 4, vocab))
+            ).astype(jnp.bfloat16)
+  config = config_lib.DenoiseConfig(mask_token_id=0, block_size=4,
+                                    temperature=temperature)
+  noise = None
+  if temperature:
+    noise = jax.random.gumbel(jax.random.key(seed + 1), logits.shape)
+  propose = jax.jit(lambda x, n: transition.propose(x, config, n))
+  got = propose(logits, noise)
+  want = propose(logits.astype(jnp.float32), noise)
+  for g, w in zip(got, want):
+    assert g.dtype == w.dtype
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))

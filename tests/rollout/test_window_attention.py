@@ -1,13 +1,16 @@
 """`rollout.window_attention`: the cached driver's model call and cache writes.
 
 The attention core against a NumPy reference over the concatenated keys;
-`write_blocks` against NumPy for any start slots and chosen rows; `window_call` on
+`write_blocks` against NumPy for any start slots and chosen rows (an update
+of whole chunks); `window_call` on
 every family against the Tunix model's own full-sequence logits; the
 refusal of a model it does not know; and a flash-configured model, which
 the driver now runs with its own attention.
 """
 
 import dataclasses
+import functools
+import re
 
 from flax import nnx
 from hypothesis import given
@@ -70,46 +73,81 @@ def test_attend_equals_attention_over_the_concatenated_keys(seed, parts):
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
 
 
+def _chunked(x):
+  """[L, B, K, S, H] -> the chunked cache layout [L, B, K, S / TILE, TILE, H]."""
+  return x.reshape(x.shape[:3] + (-1, wa.TILE, x.shape[-1]))
+
+
 @settings(max_examples=25, deadline=None)
 @given(data=st.data())
 def test_write_blocks_puts_each_chosen_rows_block_at_its_own_slots(data):
-  layers, b, kh, s, h, w = 2, 4, 2, 12, 4, 4
+  layers, b, kh, h = 2, 4, 2, 4
+  w = data.draw(st.sampled_from([3, 4, 16, 20]))
+  s = data.draw(st.sampled_from([1, 2, 3])) * wa.TILE
+  s = max(s, -(-w // wa.TILE) * wa.TILE)
+  # Any start, or only multiples of the block (fewer chunks written).
+  start_step = data.draw(st.sampled_from([1, w]))
+  starts = sorted({0, start_step, (s - w) // start_step * start_step,
+                   (s // 2) // start_step * start_step})
+  starts = [x for x in starts if x + w <= s]
   # Starts drawn from few values, so rows often share one (one update).
-  start = np.array(data.draw(st.lists(st.sampled_from([0, 3, 4, s - w]),
+  start = np.array(data.draw(st.lists(st.sampled_from(starts),
                                       min_size=b, max_size=b)))
   rows = np.array(data.draw(st.lists(st.booleans(), min_size=b, max_size=b)))
   rng = np.random.default_rng(int(start.sum()))
   cache = rng.normal(size=(layers, b, kh, s, h)).astype(np.float32)
   block = rng.normal(size=(layers, b, kh, w, h)).astype(np.float32)
   out = wa.write_blocks(
-      wa.Cache(jnp.asarray(cache), jnp.asarray(cache)),
+      wa.Cache(_chunked(jnp.asarray(cache)), _chunked(jnp.asarray(cache))),
       wa.Cache(jnp.asarray(block), jnp.asarray(-block)),
-      jnp.asarray(start, jnp.int32), jnp.asarray(rows))
-  for got, sign in ((out.k, 1), (out.v, -1)):
+      jnp.asarray(start, jnp.int32), jnp.asarray(rows), start_step=start_step)
+  assert out.k.shape == (layers, b, kh, s // wa.TILE, wa.TILE, h)
+  for got, sign in ((wa.slots(out).k, 1), (wa.slots(out).v, -1)):
     want = cache.copy()
     for row in np.flatnonzero(rows):
       want[:, row, :, start[row]:start[row] + w] = sign * block[:, row]
     np.testing.assert_array_equal(np.asarray(got), want)
 
 
-def test_write_blocks_is_an_update_not_a_scatter_over_the_rows():
-  """XLA's TPU backend loops a per-row scatter over the rows; no scatter."""
-  b, s, w = 3, 16, 4
-  cache = wa.Cache(jnp.zeros((2, b, 2, s, 4)), jnp.zeros((2, b, 2, s, 4)))
+def test_write_blocks_is_an_update_of_whole_chunks_not_a_scatter():
+  """XLA's TPU backend loops a per-row scatter over the rows; no scatter.
+
+  A 4-slot block at a multiple of 4 lies in one chunk: the update is one
+  chunk wide (whole memory tiles), not four slots.
+  """
+  b, s, w = 3, 48, 4
+  cache = wa.Cache(_chunked(jnp.zeros((2, b, 2, s, 4))),
+                   _chunked(jnp.zeros((2, b, 2, s, 4))))
   block = wa.Cache(jnp.ones((2, b, 2, w, 4)), jnp.ones((2, b, 2, w, 4)))
-  args = (cache, block, jnp.full((b,), 8, jnp.int32), jnp.ones((b,), bool))
-  out = wa.write_blocks(*args)
-  np.testing.assert_array_equal(np.asarray(out.k[:, :, :, 8:12]), 1.0)
+  args = (cache, block, jnp.full((b,), 28, jnp.int32), jnp.ones((b,), bool))
+  write = jax.jit(functools.partial(wa.write_blocks, start_step=w))
+  out = wa.slots(write(*args))
+  np.testing.assert_array_equal(np.asarray(out.k[:, :, :, 28:32]), 1.0)
   assert float(out.k.sum()) == float(block.k.sum())
-  hlo = jax.jit(wa.write_blocks).lower(*args).as_text()
-  assert "dynamic_update_slice" in hlo and "scatter" not in hlo
+  hlo = write.lower(*args).as_text()
+  assert "scatter" not in hlo
+  updates = re.findall(r"dynamic_update_slice[^\n]*", hlo)
+  assert updates and all("2x3x2x1x16x4" in u for u in updates), updates
+
+
+def test_cache_from_block_holds_the_block_at_slot_zero():
+  block = jnp.arange(2 * 1 * 2 * 20 * 4, dtype=jnp.float32).reshape(
+      2, 1, 2, 20, 4)
+  cache = wa.cache_from_block(wa.Cache(block, -block), 40)
+  assert cache.k.shape == (2, 1, 2, 3, wa.TILE, 4)
+  view = wa.slots(cache)
+  np.testing.assert_array_equal(np.asarray(view.k[:, :, :, :20]), block)
+  np.testing.assert_array_equal(np.asarray(view.v[:, :, :, :20]), -block)
+  assert not np.any(np.asarray(view.k[:, :, :, 20:]))
 
 
 def test_init_cache_stacks_every_layer():
   model = tiny_models.tiny_qwen3(VOCAB, num_layers=3)
-  cache = wa.init_cache(model, 2, 8, jnp.bfloat16)
+  cache = wa.init_cache(model, 2, 20, jnp.bfloat16)  # two whole chunks
   attn = model.layers[0].attn
-  assert cache.k.shape == (3, 2, attn.num_kv_heads, 8, attn.head_dim)
+  assert cache.k.shape == (3, 2, attn.num_kv_heads, 2, wa.TILE, attn.head_dim)
+  assert wa.slots(cache).k.shape == (3, 2, attn.num_kv_heads, 32,
+                                     attn.head_dim)
   assert cache.v.dtype == jnp.bfloat16
 
 

@@ -8,7 +8,8 @@ block, not the sequence.
 
 Cache layout. The tokens are kept in each row's *logical* order (slot k is
 the row's logical position k, k < T = ceil((P + N) / W) * W); the KV cache
-(`[L, B, K, S, H]` for keys and for values, `window_attention.Cache`) holds
+(`[L, B, K, S / TILE, TILE, H]` for keys and for values,
+`window_attention.Cache`) holds
 them shifted by whole blocks, so that every row's first block after its
 prefilled prompt blocks starts at the same cache slot: logical slot k of row
 b is cache slot k + shift[b], shift[b] = floor(P / W) * W - floor(len[b] /
@@ -67,9 +68,10 @@ def phase_extents(prefill_len: int, size: int, width: int,
   """The cache prefix each of `phases` phases reads: increasing, the last S.
 
   The slots after the prefill are split evenly, rounded up to a multiple of
-  the block and of 16 (a TPU tile's rows), capped at `size`.
+  the block and of the cache's chunk (`window_attention.TILE`, a TPU tile's
+  rows), capped at `size` (whole chunks).
   """
-  step = width * 16 // math.gcd(width, 16)
+  step = math.lcm(width, window_attention.TILE)
   extents = []
   for p in range(1, phases + 1):
     end = prefill_len + -(-(size - prefill_len) * p // phases)
@@ -86,7 +88,7 @@ class _CachedState(NamedTuple):
   logprobs: jax.Array  # float32 [B, T]
   block_steps: jax.Array  # int32 [B]
   last_block: jax.Array  # int32 [B]
-  cache: window_attention.Cache  # logical slots [0, fresh_start), shifted
+  cache: window_attention.Cache  # chunked; logical [0, fresh_start), shifted
   written: jax.Array  # int32 [B] logical slots [0, written) are final
   # The block finished by the last fused step, not yet in `cache`: its keys
   # [B, K, W, H] per layer, its slot and whether each row finished one.
@@ -142,22 +144,26 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   written = (lengths // width) * width
   prefill_len = (prompt_width // width) * width
   shift = prefill_len - written
-  size = prefill_len + -(-(width - 1 + num_new) // width) * width  # S
+  size = prefill_len + -(-(width - 1 + num_new) // width) * width
+  # S: whole chunks of the cache (`window_attention.Cache`).
+  tile = window_attention.TILE
+  size = -(-size // tile) * tile
   cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
+  dtype = kv_cache.activation_dtype(model)
 
   def cached(cache, limit, extent):
     """The cache's first `extent` slots and which hold logical [0, limit).
 
-    Returns the `window_call` part (`Cache` of [L, B, K, extent, H], valid
-    bool [B, extent]).
+    Returns the `window_call` part (the chunked `Cache` of its first
+    `extent // TILE` chunks, valid bool [B, extent]).
     """
     slots = cache_slot[:, :extent]
     valid = (slots >= shift[:, None]) & (slots < (limit + shift)[:, None])
-    return window_attention.Cache(cache.k[:, :, :, :extent],
-                                  cache.v[:, :, :, :extent]), valid
+    chunks = extent // tile
+    return window_attention.Cache(cache.k[:, :, :, :chunks],
+                                  cache.v[:, :, :, :chunks]), valid
 
-  cache = window_attention.init_cache(
-      model, batch, size, kv_cache.activation_dtype(model))
+  cache = window_attention.init_cache(model, batch, size, dtype)
   # The shifted alignment's carried logit; a placeholder otherwise.
   shifted = config.alignment == "shifted"
   carry = jnp.zeros((batch, vocab if shifted else 1), jnp.float32)
@@ -175,11 +181,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     logits, keys, values = call(
         jnp.take_along_axis(tokens0, logical, axis=1), logical, [], mask,
         lambda x: x[:, -1:])
-    cache = window_attention.write_blocks(
-        cache, window_attention.as_block(keys, values, prefill_len),
-        jnp.zeros_like(written), jnp.ones_like(written, bool))
+    cache = window_attention.cache_from_block(
+        window_attention.as_block(keys, values, prefill_len), size)
     if shifted:
-      carry = logits[:, 0]
+      carry = logits[:, 0].astype(jnp.float32)
 
   # Shifted: slot i of a block is predicted by the logit of slot i - 1, so a
   # call needs the logits of the W slots before the active block's last
@@ -211,7 +216,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     # cache is written only where nothing of this step has read it yet
     # (XLA then writes in place instead of copying the cache).
     cache = window_attention.write_blocks(
-        state.cache, state.fresh, state.fresh_start + shift, state.fresh_valid)
+        state.cache, state.fresh, state.fresh_start + shift, state.fresh_valid,
+        start_step=width)
     write_start = state.written
     write_positions = write_start[:, None] + offsets[None, :]
     write_valid = pending[:, None] & (write_positions < ends[:, None])
@@ -238,7 +244,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
         mask, lambda x: x[:, first:first + width])
     carry = state.carry
     if shifted:
-      carry = jnp.where(pending[:, None], logits[:, 0], carry)
+      carry = jnp.where(pending[:, None], logits[:, 0].astype(jnp.float32),
+                        carry)
       logits = logits[:, 1:]
     return align(logits, carry), state._replace(
         cache=cache,
@@ -321,8 +328,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       last_block=jnp.full((batch,), -1, jnp.int32),
       cache=cache,
       written=written,
-      fresh=window_attention.init_cache(
-          model, batch, width, kv_cache.activation_dtype(model)),
+      fresh=window_attention.init_block(model, batch, width, dtype),
       fresh_start=written,
       fresh_valid=jnp.zeros((batch,), bool),
       carry=carry,

@@ -167,12 +167,14 @@ def propose(
 ) -> tuple[jax.Array, jax.Array]:
   """Proposals and their log-probabilities for every window slot.
 
-  Greedy: the argmax (lowest token id on exact ties). Sampling: Gumbel-max
-  over the filtered distribution, `argmax(log_probs + noise)`, an exact sample
-  of it.
+  Greedy: the argmax of the logits, the mask token's removed (lowest token
+  id on exact ties); it is the argmax of the log-probabilities too, unless
+  their rounding ties logits that differ (then the logits decide).
+  Sampling: Gumbel-max over the filtered distribution, `argmax(log_probs +
+  noise)`, an exact sample of it.
 
   Args:
-    logits: float [B, W, V].
+    logits: float [B, W, V], any float dtype (computed in float32).
     config: The denoising config.
     noise: float32 [B, W, V] Gumbel noise, required when sampling.
 
@@ -185,17 +187,24 @@ def propose(
   # `proposal_log_probs`, written out (the same operations as
   # `jax.nn.log_softmax`, so the values are the same to the bit) so that the
   # [..., V] log-probabilities are never stored: XLA fuses them into the
-  # argmax, and the chosen one is computed from its logit alone. At a real
-  # vocabulary that saves writing and reading a float32 copy of the logits.
+  # reductions, and the chosen one is computed from its logit alone. At a
+  # real vocabulary that saves writing and reading a float32 copy of the
+  # logits. Greedy takes two passes over the logits (the argmax, whose logit
+  # is the maximum; then the normaliser), not three.
   x = _proposal_logits(logits, config)
-  x_max = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
-  shifted_logsumexp = jnp.log(
-      jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
-  scores = (x - x_max) - shifted_logsumexp
   if config.temperature > 0:
-    scores = scores + noise
-  proposal = jnp.argmax(scores, axis=-1).astype(jnp.int32)
-  chosen = jnp.take_along_axis(x, proposal[..., None], axis=-1)
+    x_max = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
+    shifted_logsumexp = jnp.log(
+        jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
+    scores = (x - x_max) - shifted_logsumexp + noise
+    proposal = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+    chosen = jnp.take_along_axis(x, proposal[..., None], axis=-1)
+  else:
+    proposal = jnp.argmax(x, axis=-1).astype(jnp.int32)
+    chosen = jnp.take_along_axis(x, proposal[..., None], axis=-1)
+    x_max = jax.lax.stop_gradient(chosen)
+    shifted_logsumexp = jnp.log(
+        jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
   log_prob = ((chosen - x_max) - shifted_logsumexp)[..., 0]
   return proposal, log_prob
 
