@@ -88,7 +88,8 @@ class _CachedState(NamedTuple):
   logprobs: jax.Array  # float32 [B, T]
   block_steps: jax.Array  # int32 [B]
   last_block: jax.Array  # int32 [B]
-  cache: window_attention.Cache  # chunked; logical [0, fresh_start), shifted
+  # Chunked segments, one per phase; logical [0, fresh_start), shifted.
+  cache: tuple[window_attention.Cache, ...]
   written: jax.Array  # int32 [B] logical slots [0, written) are final
   # The block finished by the last fused step, not yet in `cache`: its keys
   # [B, K, W, H] per layer, its slot and whether each row finished one.
@@ -105,8 +106,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
 
   `cache_phases` > 1 splits the loop into that many phases, each reading
   only the cache slots that its steps can use (a static prefix of the
-  cache), instead of every slot at every step; the same outputs up to
-  rounding, one copy of the loop body per phase in the program.
+  cache, kept as separate arrays: segments 0..p of phase p), instead of
+  every slot at every step; the same outputs up to rounding, one copy of
+  the loop body per phase in the program.
   """
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
@@ -151,19 +153,38 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
   dtype = kv_cache.activation_dtype(model)
 
-  def cached(cache, limit, extent):
-    """The cache's first `extent` slots and which hold logical [0, limit).
+  # The cache is one array per phase (a segment of slots [bounds[i],
+  # bounds[i + 1])): phase p reads segments 0..p whole. A slice of one
+  # array was copied at every step on the TPU (1.5 ms a step at batch 128).
+  bounds = [0] + phase_extents(prefill_len, size, width, cache_phases)
 
-    Returns the `window_call` part (the chunked `Cache` of its first
-    `extent // TILE` chunks, valid bool [B, extent]).
+  def cached(segments, limit, phase):
+    """The `window_call` parts of segments 0..`phase`: logical [0, limit).
+
+    Each part is a chunked segment and valid bool [B, its slots].
     """
-    slots = cache_slot[:, :extent]
-    valid = (slots >= shift[:, None]) & (slots < (limit + shift)[:, None])
-    chunks = extent // tile
-    return window_attention.Cache(cache.k[:, :, :, :chunks],
-                                  cache.v[:, :, :, :chunks]), valid
+    parts = []
+    for segment, lo, hi in zip(segments[:phase + 1], bounds, bounds[1:]):
+      slots = cache_slot[:, lo:hi]
+      valid = (slots >= shift[:, None]) & (slots < (limit + shift)[:, None])
+      parts.append((segment, valid))
+    return parts
 
-  cache = window_attention.init_cache(model, batch, size, dtype)
+  def write(segments, phase, block, start, rows):
+    """`block` at the rows' cache slots `start`, in the segments they hit.
+
+    Segment bounds are multiples of the block, so a block lies in one.
+    """
+    segments = list(segments)
+    for i in range(phase + 1):
+      lo, hi = bounds[i], bounds[i + 1]
+      segments[i] = window_attention.write_blocks(
+          segments[i], block, start - lo, rows & (start >= lo) & (start < hi),
+          start_step=width)
+    return tuple(segments)
+
+  cache = tuple(window_attention.init_cache(model, batch, hi - lo, dtype)
+                for lo, hi in zip(bounds, bounds[1:]))
   # The shifted alignment's carried logit; a placeholder otherwise.
   shifted = config.alignment == "shifted"
   carry = jnp.zeros((batch, vocab if shifted else 1), jnp.float32)
@@ -181,8 +202,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     logits, keys, values = call(
         jnp.take_along_axis(tokens0, logical, axis=1), logical, [], mask,
         lambda x: x[:, -1:])
-    cache = window_attention.cache_from_block(
-        window_attention.as_block(keys, values, prefill_len), size)
+    cache = (window_attention.cache_from_block(
+        window_attention.as_block(keys, values, prefill_len), bounds[1]),
+             *cache[1:])
     if shifted:
       carry = logits[:, 0].astype(jnp.float32)
 
@@ -195,13 +217,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       return raw_logits
     return jnp.concatenate([carry[:, None], raw_logits], axis=1)
 
-  def plain_call(state, block_start, window_valid, pending, extent):
+  def plain_call(state, block_start, window_valid, pending, phase):
     """Active window only, against the cache and the fresh block."""
     del pending
     tokens = kv_cache.row_slice(state.tokens, block_start, width)
     mask = jnp.broadcast_to(window_valid[:, None, :], (batch, width, width))
     parts = [
-        cached(state.cache, state.fresh_start, extent),
+        *cached(state.cache, state.fresh_start, phase),
         (state.fresh,
          jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
     ]
@@ -210,14 +232,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
                         (lambda x: x[:, :-1]) if shifted else None)
     return align(logits, state.carry), state
 
-  def fused_call(state, block_start, window_valid, pending, extent):
+  def fused_call(state, block_start, window_valid, pending, phase):
     """[finished block | active window]; the finished half becomes fresh."""
     # The previous fresh block goes into the cache first, so that the
     # cache is written only where nothing of this step has read it yet
     # (XLA then writes in place instead of copying the cache).
-    cache = window_attention.write_blocks(
-        state.cache, state.fresh, state.fresh_start + shift, state.fresh_valid,
-        start_step=width)
+    cache = write(state.cache, phase, state.fresh, state.fresh_start + shift,
+                  state.fresh_valid)
     write_start = state.written
     write_positions = write_start[:, None] + offsets[None, :]
     write_valid = pending[:, None] & (write_positions < ends[:, None])
@@ -240,7 +261,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     # block's last (the active block's first target) on.
     first = width - 1 if shifted else width
     logits, keys, values = call(
-        tokens, call_positions, [cached(cache, state.written, extent)],
+        tokens, call_positions, cached(cache, state.written, phase),
         mask, lambda x: x[:, first:first + width])
     carry = state.carry
     if shifted:
@@ -266,7 +287,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     pending = status.live & (state.written < block_start)
     return status, block_start, pending
 
-  def step(state: _CachedState, fused: bool, extent: int) -> _CachedState:
+  def step(state: _CachedState, fused: bool, phase: int) -> _CachedState:
     status, block_start, pending = status_of(state)
     live = status.live
     block = block_start // width
@@ -274,7 +295,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     window_valid = window_positions < ends[:, None]
     call_fn = fused_call if fused else plain_call
     logits, state = call_fn(state, block_start, window_valid, pending,
-                            extent)
+                            phase)
     noise = None
     if config.temperature > 0:
       noise = transition.sampling_noise(rng, state.step, batch, width, vocab)
@@ -313,10 +334,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     status, _, pending = status_of(state)
     return jnp.any(status.live) & ~jnp.any(pending)
 
-  def outer_body(state: _CachedState, extent: int) -> _CachedState:
-    state = step(state, True, extent)
+  def outer_body(state: _CachedState, phase: int) -> _CachedState:
+    state = step(state, True, phase)
     return jax.lax.while_loop(
-        nothing_pending, lambda s: step(s, False, extent), state
+        nothing_pending, lambda s: step(s, False, phase), state
     )
 
   init = _CachedState(
@@ -335,9 +356,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   )
   # Phases: an outer iteration reads the cache slots of each row's logical
   # [0, written) (shifted) as they are at its start; a phase runs while
-  # those lie in its static prefix of the cache.
+  # those lie in its segments.
   final = init
-  for extent in phase_extents(prefill_len, size, width, cache_phases):
+  for phase, extent in enumerate(bounds[1:]):
 
     def phase_live(state: _CachedState, extent=extent):
       live = any_live(state)
@@ -346,7 +367,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       return live
 
     final = jax.lax.while_loop(
-        phase_live, lambda s, extent=extent: outer_body(s, extent), final)
+        phase_live, lambda s, phase=phase: outer_body(s, phase), final)
   padded = transition.pad_after_eos(
       final.tokens,
       final.commit_step,
