@@ -241,8 +241,8 @@ class Cache(NamedTuple):
   the layout of a block (`as_block`), at no cost (the same bytes). Chunks
   line up with the TPU's memory tiles, so a block write updates whole tiles
   at a chunk offset (`write_blocks`): a write of a 4-slot block at a slot
-  offset wrote part of every tile it touched, 28,672 pieces at Qwen3-0.6B
-  and batch 128, and cost 1.7 ms a step. One array for all layers (not one
+  offset wrote part of every tile it touched (Qwen3-0.6B, batch 128, on a
+  TPU v5e: 2.06 ms a step; whole chunks: 0.69 ms). One array for all layers (not one
   per layer): a block write is one update of all layers, not 2L.
   """
 
