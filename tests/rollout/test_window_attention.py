@@ -124,6 +124,8 @@ def test_write_blocks_is_an_update_of_whole_chunks_not_a_scatter():
   out = wa.slots(write(*args))
   np.testing.assert_array_equal(np.asarray(out.k[:, :, :, 28:32]), 1.0)
   assert float(out.k.sum()) == float(block.k.sum())
+  with pytest.raises(ValueError, match="start_step must be an int >= 1"):
+    wa.write_blocks(*args, start_step=0)
   hlo = write.lower(*args).as_text()
   assert "scatter" not in hlo
   updates = re.findall(r"dynamic_update_slice[^\n]*", hlo)

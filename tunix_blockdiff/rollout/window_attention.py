@@ -371,6 +371,8 @@ def write_blocks(cache: Cache, block: Cache, start, rows, *,
     start_step: Every start is a multiple of it (the driver's are multiples
       of W): the update then spans fewer chunks.
   """
+  if not isinstance(start_step, int) or start_step < 1:
+    raise ValueError(f"start_step must be an int >= 1, got {start_step!r}")
   width, chunks = block.k.shape[3], cache.k.shape[3]
   # A block starts at most TILE - gcd(start_step, TILE) rows into a chunk.
   span = min(chunks,
