@@ -170,7 +170,7 @@ def raw_call_seconds(model, batch: int, cache_len: int, width: int,
   tokens = jnp.full((batch, width), 7, jnp.int32)
   positions = jnp.broadcast_to(cache_len + jnp.arange(width), (batch, width))
   # The cache's whole chunks; the slots past `cache_len` hold no keys.
-  slots = -(-cache_len // window_attention.TILE) * window_attention.TILE
+  slots = window_attention.chunked_size(cache_len)
   valid = jnp.broadcast_to(jnp.arange(slots) < cache_len, (batch, slots))
   mask = jnp.ones((batch, width, width), bool)
 

@@ -21,7 +21,7 @@ from tunix_blockdiff.rollout import transition
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), temperature=st.sampled_from([0.0, 0.7]),
        top_k=st.sampled_from([None, 3]), ties=st.booleans())
-def test_propose_is_the_argmax_of_proposal_log_probs(seed, temperature, top_k,
+def test_propose_is_the_documented_argmax_scored_by_proposal_log_probs(seed, temperature, top_k,
                                                      ties):
   vocab = 11
   key = jax.random.key(seed)

@@ -146,10 +146,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   written = (lengths // width) * width
   prefill_len = (prompt_width // width) * width
   shift = prefill_len - written
-  size = prefill_len + -(-(width - 1 + num_new) // width) * width
   # S: whole chunks of the cache (`window_attention.Cache`).
-  tile = window_attention.TILE
-  size = -(-size // tile) * tile
+  size = window_attention.chunked_size(
+      prefill_len + -(-(width - 1 + num_new) // width) * width)
   cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
   dtype = kv_cache.activation_dtype(model)
 

@@ -192,19 +192,20 @@ def propose(
   # logits. Greedy takes two passes over the logits (the argmax, whose logit
   # is the maximum; then the normaliser), not three.
   x = _proposal_logits(logits, config)
-  if config.temperature > 0:
-    x_max = jax.lax.stop_gradient(jnp.max(x, axis=-1, keepdims=True))
-    shifted_logsumexp = jnp.log(
-        jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
-    scores = (x - x_max) - shifted_logsumexp + noise
-    proposal = jnp.argmax(scores, axis=-1).astype(jnp.int32)
-    chosen = jnp.take_along_axis(x, proposal[..., None], axis=-1)
+  pick = lambda p: jnp.take_along_axis(x, p[..., None], axis=-1)
+  sampling = config.temperature > 0
+  if sampling:
+    x_max = jnp.max(x, axis=-1, keepdims=True)
   else:
     proposal = jnp.argmax(x, axis=-1).astype(jnp.int32)
-    chosen = jnp.take_along_axis(x, proposal[..., None], axis=-1)
-    x_max = jax.lax.stop_gradient(chosen)
-    shifted_logsumexp = jnp.log(
-        jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
+    x_max = pick(proposal)
+  x_max = jax.lax.stop_gradient(x_max)
+  shifted_logsumexp = jnp.log(
+      jnp.sum(jnp.exp(x - x_max), axis=-1, keepdims=True))
+  if sampling:
+    scores = (x - x_max) - shifted_logsumexp + noise
+    proposal = jnp.argmax(scores, axis=-1).astype(jnp.int32)
+  chosen = pick(proposal)
   log_prob = ((chosen - x_max) - shifted_logsumexp)[..., 0]
   return proposal, log_prob
 

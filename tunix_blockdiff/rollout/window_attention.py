@@ -16,8 +16,9 @@ Cache layout: `k, v: [L, B, K, C, TILE, H]` (`Cache`), every layer in one
 array (so that a block write is one update of all layers), key heads before
 slots (a step's reads and the driver's block writes agree on one layout),
 slots in chunks of a memory tile (a block write updates whole tiles);
-`valid [B, C * TILE]` says which slots hold keys (the driver decides which slot holds which
-position: attention does not depend on the order of the keys).
+`valid [B, C * TILE]` says which slots hold keys (the driver decides which
+slot holds which position: attention does not depend on the order of the
+keys).
 
 Families: Qwen3, Qwen2, Llama3, Gemma3 (Tunix 0.1.7's attention code,
 mirrored up to its cache write). Gemma3's sliding window is not applied:
@@ -242,12 +243,18 @@ class Cache(NamedTuple):
   line up with the TPU's memory tiles, so a block write updates whole tiles
   at a chunk offset (`write_blocks`): a write of a 4-slot block at a slot
   offset wrote part of every tile it touched (Qwen3-0.6B, batch 128, on a
-  TPU v5e: 2.06 ms a step; whole chunks: 0.69 ms). One array for all layers (not one
-  per layer): a block write is one update of all layers, not 2L.
+  TPU v5e: 2.06 ms a step; whole chunks: 0.69 ms). One array for all
+  layers (not one per layer): a block write is one update of all layers,
+  not 2L.
   """
 
   k: jax.Array
   v: jax.Array
+
+
+def chunked_size(size: int) -> int:
+  """`size` slots rounded up to whole chunks: the slots a cache of it has."""
+  return -(-size // TILE) * TILE
 
 
 def slots(cache: Cache) -> Cache:
@@ -277,7 +284,7 @@ def init_cache(model, batch: int, size: int, dtype) -> Cache:
       family does).
   """
   kh, h = _head_shape(model)
-  chunks = -(-size // TILE)
+  chunks = chunked_size(size) // TILE
   zeros = jnp.zeros((len(model.layers), batch, kh, chunks, TILE, h), dtype)
   return Cache(zeros, zeros)
 
@@ -292,11 +299,11 @@ def init_block(model, batch: int, width: int, dtype) -> Cache:
 def cache_from_block(block: Cache, size: int) -> Cache:
   """A chunked cache of at least `size` slots holding `block` at slot 0."""
   width = block.k.shape[3]
-  chunks = -(-max(size, width) // TILE)
+  total = chunked_size(max(size, width))
 
   def chunked(x):
-    x = jnp.pad(x, [(0, 0)] * 3 + [(0, chunks * TILE - width), (0, 0)])
-    return x.reshape(x.shape[:3] + (chunks, TILE, x.shape[-1]))
+    x = jnp.pad(x, [(0, 0)] * 3 + [(0, total - width), (0, 0)])
+    return x.reshape(x.shape[:3] + (total // TILE, TILE, x.shape[-1]))
 
   return Cache(chunked(block.k), chunked(block.v))
 
