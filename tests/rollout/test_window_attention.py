@@ -21,6 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tunix.models.qwen3 import model as qwen3_lib
+
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.models import tiny as tiny_models
@@ -197,6 +199,34 @@ def test_window_call_gives_the_models_own_logits(family):
   np.testing.assert_allclose(
       np.asarray(picked[:, 0]),
       np.asarray(want[jnp.arange(b), prefix + rows]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_bf16_models_logits_stay_bf16_without_a_float32_copy(tied):
+  """Qwen3 casts its logits to float32; the driver's call skips that copy.
+
+  The head runs apart from the model, so the logits stay bf16 (the same
+  values: the cast is exact) and no float32 [B, T, V] buffer is in the
+  compiled call, for a tied (`embedder.decode`) and an untied (`lm_head`)
+  head.
+  """
+  config = dataclasses.replace(tiny_models.qwen3_config(VOCAB),
+                               dtype=jnp.bfloat16, use_tied_embedding=tied)
+  model = qwen3_lib.Qwen3(config, rngs=nnx.Rngs(0))
+  b, t = 2, 4
+  tokens = jax.random.randint(jax.random.key(1), (b, t), 0, VOCAB)
+  positions = jnp.broadcast_to(jnp.arange(t), (b, t))
+  mask = jnp.ones((b, t, t), bool)
+  got, _, _ = wa.window_call(model, tokens, positions, [], mask)
+  assert got.dtype == jnp.bfloat16
+  want, _ = model(tokens, positions, None, mask)
+  assert want.dtype == jnp.float32
+  np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(want),
+                             rtol=2e-2, atol=2e-2)
+  call = jax.jit(lambda x: wa.window_call(model, x, positions, [], mask)[0])
+  hlo = call.lower(tokens).compile().as_text()
+  assert f"bf16[{b},{t},{VOCAB}]" in hlo
+  assert f"f32[{b},{t},{VOCAB}]" not in hlo
 
 
 class _NotTunix(nnx.Module):

@@ -66,6 +66,10 @@ class HeadlessView:
       by the families that cast their logits).
     dtype: The hidden states' own dtype, known once the view has been
       called (the head takes its input in this dtype).
+    head: The view's own output head: hidden [..., D] in `dtype` -> logits
+      [..., V] in the head's dtype, before the float32 cast that Qwen2 and
+      Qwen3 apply to their logits (the same values: that cast is exact).
+      The view's, so that a LoRA'd head is intercepted inside a trace.
   """
 
   def __init__(self, model):
@@ -81,8 +85,10 @@ class HeadlessView:
     # leaves `model` untouched. `object.__setattr__` keeps nnx from taking
     # the function for a submodule.
     if _tied(model):
+      self.head: Head = self.model.embedder.decode  # bound before replacing
       object.__setattr__(self.model.embedder, "decode", identity)
     else:
+      self.head = self.model.lm_head
       object.__setattr__(self.model, "lm_head", identity)
 
 
