@@ -112,3 +112,24 @@ def test_propose_reads_bf16_logits_as_their_float32_values(seed, temperature):
   for g, w in zip(got, want):
     assert g.dtype == w.dtype
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_unfiltered_propose_removes_the_mask_token_without_an_update():
+  """An update of the mask token's entry makes XLA store the float32 logits.
+
+  On the TPU that update wrote a float32 copy of a bf16 model's [B, W, V]
+  logits for every pass to read; a select fuses into the passes instead.
+  With a top-k filter the filtered logits are stored anyway (a sort).
+  """
+  logits = jnp.zeros((2, 4, 37), jnp.bfloat16)
+  noise = jnp.zeros((2, 4, 37), jnp.float32)
+
+  def program(**kwargs):
+    config = config_lib.DenoiseConfig(mask_token_id=3, block_size=4, **kwargs)
+    return jax.jit(lambda x, n: transition.propose(x, config, n)).lower(
+        logits, noise).as_text()
+
+  for kwargs in ({}, {"temperature": 0.7}):
+    text = program(**kwargs)
+    assert "scatter" not in text and "dynamic_update_slice" not in text
+  assert "sort" in program(temperature=0.7, top_k=5)
