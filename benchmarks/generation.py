@@ -17,6 +17,8 @@ and at every batch size, side by side in one process:
 * `--cache-phases 1,4`: each schedule also with its loop in 4 phases, each
   reading only the prefix of the cache its steps use
   (`generate(cache_phases=)`).
+* `--lockstep 0,1`: each also with the rows starting their blocks together
+  (`generate(lockstep=)`), so a 2W-wide step comes once per block round.
 
 Each program is compiled by a warm-up call and timed as the median of
 `--repeats` calls. The table gives the whole call, the prefill, the model
@@ -280,18 +282,20 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
                                       peak=peak)))
   _progress(rows[-1])
 
-  for name, phases in [(n, p) for n in args.schedules
-                       for p in args.cache_phases]:
+  for name, phases, lockstep in [(n, p, lock) for n in args.schedules
+                                 for p in args.cache_phases
+                                 for lock in args.lockstep]:
     schedule = SCHEDULES[name]
     block = schedule["block_size"]
     denoise_config = config_lib.DenoiseConfig(mask_token_id=mask_id, **schedule)
     out, total = median_seconds(
         lambda c=denoise_config: cached.generate(
             model, tokens, lengths, c, max_new_tokens=new,
-            cache_phases=phases).tokens,
+            cache_phases=phases, lockstep=lockstep).tokens,
         args.repeats)
     result = cached.generate(model, tokens, lengths, denoise_config,
-                             max_new_tokens=new, cache_phases=phases)
+                             max_new_tokens=new, cache_phases=phases,
+                             lockstep=lockstep)
     calls = int(result.num_steps)
     prefill = prefill_seconds(model, tokens, block, args.repeats)
     call = (total - prefill) / calls
@@ -314,7 +318,8 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
               model, batch, cache_len, block, args.raw_calls, args.repeats))
     rows.append(dict(
         batch=batch,
-        program="generate" + (f", {phases} cache phases" if phases > 1 else ""),
+        program="generate" + (f", {phases} cache phases" if phases > 1 else "")
+        + (", lockstep" if lockstep else ""),
         schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
@@ -366,6 +371,9 @@ def main(argv=None) -> int:
                       help="window calls per raw-call timing (0: skip it)")
   parser.add_argument("--hbm-gbps", type=float, default=819.0)
   parser.add_argument("--peak-tflops", type=float, default=197.0)
+  parser.add_argument("--lockstep", default="0",
+                      help="comma-separated 0/1: `generate(lockstep=)`, each"
+                      " timed")
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args(argv)
   args.schedules = args.schedules.split(",")
@@ -378,6 +386,10 @@ def main(argv=None) -> int:
     parser.error(f"--cache-phases: integers, got {args.cache_phases!r}")
   if min(args.cache_phases) < 1:
     parser.error(f"--cache-phases: each >= 1, got {args.cache_phases}")
+  lockstep = args.lockstep.split(",")
+  if set(lockstep) - {"0", "1"}:
+    parser.error(f"--lockstep: 0 or 1 (comma-separated), got {args.lockstep!r}")
+  args.lockstep = [x == "1" for x in lockstep]
   model, config = build_model(args.model, args.dtype)
   sizes = Sizes.of(model, config)
   rows = []

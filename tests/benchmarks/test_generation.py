@@ -57,6 +57,21 @@ def test_bad_cache_phases_are_refused(flag, capsys):
   assert "--cache-phases" in capsys.readouterr().err
 
 
+def test_lockstep_rows_are_timed_and_bad_values_refused(tmp_path, capsys):
+  out = tmp_path / "rows.json"
+  assert _module().main(["--model", "tiny", "--batch", "3", "--new-tokens",
+                         "8", "--prompt-width", "8", "--repeats", "1",
+                         "--raw-calls", "0", "--schedules", "b4t0.9",
+                         "--lockstep", "1", "--json", str(out)]) == 0
+  rows = json.loads(out.read_text())
+  assert [r["program"] for r in rows] == ["tunix Sampler",
+                                          "generate, lockstep"]
+  assert rows[1]["calls"] >= 2 and rows[1]["seconds"] > 0
+  with pytest.raises(SystemExit):
+    _module().main(["--model", "tiny", "--lockstep", "yes"])
+  assert "--lockstep" in capsys.readouterr().err
+
+
 def test_the_floor_is_the_larger_of_bytes_and_flops():
   bench = _module()
   sizes = bench.Sizes(params=1000, embed_params=200, param_bytes=2000,

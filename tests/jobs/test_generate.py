@@ -76,19 +76,22 @@ def test_generate_restores_the_checkpoint_and_matches_generate(run_dir, capsys):
 def test_generate_custom_prompts(run_dir):
   out, _, _ = run_dir
   results = []
-  for phases in (1, 3):
+  for phases, lockstep in ((1, "false"), (3, "false"), (1, "true")):
     assert cli.main([
-        "generate", str(out), 'prompts=["rev 123>"]', "max_new_tokens=5",
-        "color=false", f"png={out / 'custom.png'}", f"cache_phases={phases}",
+        "generate", str(out), 'prompts=["rev 123>", "rev 9>"]',
+        "max_new_tokens=5", "color=false", f"png={out / 'custom.png'}",
+        f"cache_phases={phases}", f"lockstep={lockstep}",
     ]) == 0
     results.append(json.loads((out / "generate.json").read_text()))
   result = results[0]
-  assert result["prompts"] == ["rev 123>"] and result["exact_match"] is None
+  assert result["prompts"] == ["rev 123>", "rev 9>"]
+  assert result["exact_match"] is None
   assert len(result["tokens"][0]) == 5
   assert (out / "custom.png").is_file()
-  # The loop in phases: the same trajectory.
-  assert results[1]["tokens"] == result["tokens"]
-  assert results[1]["commit_step"] == result["commit_step"]
+  # The loop in phases, and in lockstep: the same trajectory.
+  for other in results[1:]:
+    assert other["tokens"] == result["tokens"]
+    assert other["commit_step"] == result["commit_step"]
 
 
 def test_generate_custom_prompts_default_to_the_runs_eval_budget(
@@ -116,6 +119,8 @@ def test_generate_errors(run_dir, tmp_path, capsys):
       (["generate", str(tmp_path)], "recipe.yaml not found"),
       (["generate", str(out), "thresold=0.5"], "did you mean 'threshold'"),
       (["generate", str(out), "cache_phases=0"], "cache_phases must be >= 1"),
+      (["generate", str(out), "lockstep=2"],
+       "lockstep must be true or false"),
   ]:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

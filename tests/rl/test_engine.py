@@ -106,6 +106,25 @@ def test_cache_phases_give_the_same_rollouts():
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_lockstep_rollouts_are_scored_as_their_own_trace():
+  """Held steps are no row's own: the scorer reproduces the log-probs."""
+  engine = engine_lib.BlockDiffusionRollout(
+      rollout_actor=_engine().model(),
+      tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
+      rollout_config=ROLLOUT_CONFIG, block_size=4, threshold=0.3,
+      lockstep=True)
+  output = engine.generate(PROMPTS, ROLLOUT_CONFIG)
+  logps = engine.get_per_token_logps(
+      output.left_padded_prompt_tokens, output.trace_tokens,
+      output.commit_steps, likelihood="committed_only")
+  assert np.abs(np.asarray(logps) - output.trace_logprobs).max() <= 1e-4
+  with pytest.raises(TypeError, match="lockstep must be a bool"):
+    engine_lib.BlockDiffusionRollout(
+        rollout_actor=_engine().model(),
+        tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
+        rollout_config=ROLLOUT_CONFIG, block_size=4, lockstep="yes")
+
+
 def test_per_token_logps_reproduce_the_rollouts_and_need_commit_steps():
   engine, output = _engine(), _output()
   logps = engine.get_per_token_logps(

@@ -16,6 +16,9 @@ Keys (omegaconf dotlist):
                        with masked slots (Fast-dLLM v2's small blocks)
   cache_phases=1       the cached driver's loop in N phases, each reading
                        only the KV-cache prefix it uses (longer compile)
+  lockstep=false       rows start their blocks together (fewer 2W-wide
+                       steps when rows fall out of phase; greedy outputs
+                       unchanged)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)
@@ -55,6 +58,7 @@ DEFAULTS = {
     "steps_per_block": None,
     "sub_block_size": None,
     "cache_phases": 1,
+    "lockstep": False,
     "temperature": 0.0,
     "max_new_tokens": None,
     "seed": 0,
@@ -267,6 +271,9 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
                                                   options.cache_phases)
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"generate: {e}") from None
+  if not isinstance(options.lockstep, bool):
+    raise errors.UsageError(
+        f"generate: lockstep must be true or false, got {options.lockstep!r}")
 
   # On a mesh the prompts are sharded over fsdp (padded to a multiple of it)
   # and the results gathered, so every process holds every row.
@@ -279,6 +286,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
           max_new_tokens=int(max_new),
           rng=jax.random.key(int(options.seed)),
           cache_phases=cache_phases,
+          lockstep=options.lockstep,
       ),
       mesh,
       prompt_tokens,

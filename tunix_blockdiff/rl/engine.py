@@ -83,6 +83,7 @@ class BlockDiffusionRollout(
       max_tokens_to_generate: int | None = None,
       use_cache: bool = True,
       cache_phases: int = 1,
+      lockstep: bool = False,
       seed: int = 0,
       attention: config_lib.AttentionConfig | None = None,
   ):
@@ -111,6 +112,10 @@ class BlockDiffusionRollout(
       use_cache: Block-KV-cached driver (True) or cacheless `denoise`.
       cache_phases: The cached driver's loop in that many phases, each
         reading only the KV-cache prefix it uses (`generate(cache_phases=)`).
+      lockstep: The cached driver's rows start their blocks together
+        (`generate(lockstep=)`): fewer 2W-wide steps when rows fall out of
+        phase; the trace's commit steps count each row's own steps, so the
+        scorer's likelihood is unchanged.
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
       attention: The attention of the trajectory scorer (`score`,
@@ -155,6 +160,12 @@ class BlockDiffusionRollout(
     self._use_cache = bool(use_cache)
     self._cache_phases = sampling.optional_positive_int(
         "cache_phases", cache_phases) or 1
+    if not isinstance(lockstep, bool):
+      raise TypeError(f"lockstep must be a bool, got {lockstep!r}")
+    if lockstep and not use_cache:
+      raise ValueError("lockstep=True needs use_cache=True (it is a mode of"
+                       " the cached driver)")
+    self._lockstep = lockstep
     self._init_engine(seed)
     self._train_rollout_config = rollout_config
 
@@ -247,6 +258,7 @@ class BlockDiffusionRollout(
             rng=rng,
             use_cache=self._use_cache,
             cache_phases=self._cache_phases,
+            lockstep=self._lockstep,
         ),
         self.mesh,
         prompt_tokens,

@@ -79,13 +79,14 @@ def _program(model, graphdef, key, use_cache: bool):
   entry = per_model.get(key)
   if entry is not None and entry[0] == graphdef:
     return entry[1]
-  config, num_new, _, cache_phases = key
+  config, num_new, _, cache_phases, lockstep = key
 
   def run(state, prompt_tokens, lengths, rng):
     merged = nnx.merge(graphdef, state)
     if use_cache:
       return cached_loop.cached_program(merged, prompt_tokens, lengths, rng,
-                                        config, num_new, cache_phases)
+                                        config, num_new, cache_phases,
+                                        lockstep)
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
                               num_new)
 
@@ -96,13 +97,18 @@ def _program(model, graphdef, key, use_cache: bool):
 
 def _check_generate_inputs(
     prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
-    cache_phases=1,
+    cache_phases=1, lockstep=False, use_cache=True,
 ):
   if not isinstance(config, config_lib.DenoiseConfig):
     raise TypeError(
         f"config must be a DenoiseConfig, got {type(config).__name__}"
     )
   sampling.optional_positive_int("cache_phases", cache_phases)
+  if not isinstance(lockstep, bool):
+    raise TypeError(f"lockstep must be a bool, got {lockstep!r}")
+  if lockstep and not use_cache:
+    raise ValueError("lockstep=True is a mode of the cached driver; it needs"
+                     " use_cache=True")
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -160,6 +166,7 @@ def generate(
     rng: jax.Array | None = None,
     use_cache: bool = True,
     cache_phases: int = 1,
+    lockstep: bool = False,
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
@@ -193,6 +200,16 @@ def generate(
       cached and cacheless paths), one copy of the loop in the program per
       phase (so a longer compile). Whether it pays depends on the accelerator:
       `benchmarks/generation.py --cache-phases` times it.
+    lockstep: The cached driver holds a row that has finished its block
+      while any row is still inside its own, so the rows start their next
+      blocks together: a step that writes a finished block runs the model
+      on 2W slots for the whole batch, and rows out of phase (partial
+      blocks, threshold schedules) otherwise make almost every step one.
+      Greedy tokens, commit steps (each row's own steps) and log-probs are
+      the default loop's up to floating-point near-ties; sampling draws
+      differ (noise is keyed by the program's step, which held steps
+      advance), and `num_steps` counts the held steps too.
+      `benchmarks/generation.py --lockstep` times it.
 
   Returns:
     `GenerationResult` (completion tokens, commit steps and log-probs [B, N],
@@ -200,7 +217,7 @@ def generate(
   """
   prompt_tokens, prompt_lengths = _check_generate_inputs(
       prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
-      cache_phases,
+      cache_phases, lockstep, use_cache,
   )
   if use_cache:
     kv_cache.check_model_for_cache(
@@ -210,6 +227,6 @@ def generate(
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
   key = (config, int(max_new_tokens), bool(use_cache),
-         int(cache_phases or 1) if use_cache else 1)
+         int(cache_phases or 1) if use_cache else 1, lockstep)
   program = _program(model, graphdef, key, use_cache)
   return program(state, prompt_tokens, prompt_lengths, rng)

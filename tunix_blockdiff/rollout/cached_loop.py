@@ -82,7 +82,8 @@ def phase_extents(prefill_len: int, size: int, width: int,
 
 
 class _CachedState(NamedTuple):
-  step: jax.Array
+  step: jax.Array  # the program's steps (model calls after the prefill)
+  row_step: jax.Array  # int32 [B] each row's own steps (held ones not)
   tokens: jax.Array  # int32 [B, T] logical layout
   commit_step: jax.Array  # int32 [B, T]
   logprobs: jax.Array  # float32 [B, T]
@@ -101,7 +102,7 @@ class _CachedState(NamedTuple):
 
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
-                   cache_phases: int = 1):
+                   cache_phases: int = 1, lockstep: bool = False):
   """Traced body of the cached `generate`; see the module docstring.
 
   `cache_phases` > 1 splits the loop into that many phases, each reading
@@ -109,6 +110,16 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   cache, kept as separate arrays: segments 0..p of phase p), instead of
   every slot at every step; the same outputs up to rounding, one copy of
   the loop body per phase in the program.
+
+  `lockstep` holds a row that has finished its block (its next block's
+  first step is a fused one) while any live row is still inside its block,
+  so that the rows move to their next blocks together and a fused (2W)
+  call is made once per block round instead of at almost every step once
+  rows fall out of phase. A held row's step does nothing (no commits; its
+  window's logits are discarded), and commit steps count each row's own
+  steps, so greedy outputs are those of the default loop (up to rounding);
+  sampled ones are other exact draws (the noise is keyed by the program's
+  step), and `num_steps` counts the program's steps (held ones included).
   """
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
@@ -288,7 +299,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
 
   def step(state: _CachedState, fused: bool, phase: int) -> _CachedState:
     status, block_start, pending = status_of(state)
-    live = status.live
+    # A plain step runs while no row is pending, or (lockstep) with the
+    # pending rows held: they act from the next fused step on.
+    live = status.live & ~pending if not fused else status.live
     block = block_start // width
     window_positions = block_start[:, None] + offsets[None, :]
     window_valid = window_positions < ends[:, None]
@@ -312,9 +325,11 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
 
     return state._replace(
         step=state.step + 1,
+        row_step=state.row_step + live.astype(jnp.int32),
         tokens=merge(state.tokens, proposal),
         commit_step=merge(
-            state.commit_step, jnp.full_like(proposal, state.step)
+            state.commit_step,
+            jnp.broadcast_to(state.row_step[:, None], proposal.shape)
         ),
         logprobs=merge(state.logprobs, log_prob),
         block_steps=jnp.where(live, block_steps + 1, state.block_steps),
@@ -329,18 +344,23 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   def any_live(state: _CachedState):
     return jnp.any(status_of(state)[0].live)
 
-  def nothing_pending(state: _CachedState):
+  def plain_steps_due(state: _CachedState):
+    """Plain steps go on while no row is pending (lockstep: while a live
+    row is still inside its block; the pending ones wait)."""
     status, _, pending = status_of(state)
+    if lockstep:
+      return jnp.any(status.live & ~pending)
     return jnp.any(status.live) & ~jnp.any(pending)
 
   def outer_body(state: _CachedState, phase: int) -> _CachedState:
     state = step(state, True, phase)
     return jax.lax.while_loop(
-        nothing_pending, lambda s: step(s, False, phase), state
+        plain_steps_due, lambda s: step(s, False, phase), state
     )
 
   init = _CachedState(
       step=jnp.zeros((), jnp.int32),
+      row_step=jnp.zeros((batch,), jnp.int32),
       tokens=tokens0,
       commit_step=jnp.full((batch, total), -1, jnp.int32),
       logprobs=jnp.zeros((batch, total), jnp.float32),

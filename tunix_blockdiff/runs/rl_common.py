@@ -143,6 +143,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       threshold=float(cfg.rollout.threshold),
       sub_block_size=cfg.rollout.get("sub_block_size"),
       cache_phases=cfg.rollout.get("cache_phases"),
+      lockstep=cfg.rollout.get("lockstep", False),
       seed=int(cfg.seed),
       attention=attention,
   )
