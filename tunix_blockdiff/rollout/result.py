@@ -16,7 +16,10 @@ class GenerationResult(NamedTuple):
 
   Completion slot n of row b is the row's logical position
   `prompt_lengths[b] + n`. Steps are global: one step is one model call of
-  the denoising loop, shared by all rows (`num_steps` of them).
+  the denoising loop, shared by all rows (`num_steps` of them). Under the
+  cached driver's `lockstep` a step a row was held in is not one of its
+  own: its commit steps count the calls it acted in (the default loop's
+  numbers), while `num_steps` counts every call.
 
   Attributes:
     tokens: int32 [B, N] the completion; `pad_token_id` after the first EOS.
