@@ -19,6 +19,9 @@ and at every batch size, side by side in one process:
   (`generate(cache_phases=)`).
 * `--lockstep 0,1`: each also with the rows starting their blocks together
   (`generate(lockstep=)`), so a 2W-wide step comes once per block round.
+* `--ragged-cache 0,1`: each also reading the cache with the Pallas kernel
+  that fetches only the slots in use (`generate(ragged_cache=)`; interpret
+  mode, so slow, off a TPU).
 
 Each program is compiled by a warm-up call and timed as the median of
 `--repeats` calls. The table gives the whole call, the prefill, the model
@@ -282,20 +285,21 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
                                       peak=peak)))
   _progress(rows[-1])
 
-  for name, phases, lockstep in [(n, p, lock) for n in args.schedules
-                                 for p in args.cache_phases
-                                 for lock in args.lockstep]:
+  for name, phases, lockstep, ragged in [
+      (n, p, lock, r) for n in args.schedules for p in args.cache_phases
+      for lock in args.lockstep for r in args.ragged_cache]:
     schedule = SCHEDULES[name]
     block = schedule["block_size"]
     denoise_config = config_lib.DenoiseConfig(mask_token_id=mask_id, **schedule)
     out, total = median_seconds(
         lambda c=denoise_config: cached.generate(
             model, tokens, lengths, c, max_new_tokens=new,
-            cache_phases=phases, lockstep=lockstep).tokens,
+            cache_phases=phases, lockstep=lockstep,
+            ragged_cache=ragged).tokens,
         args.repeats)
     result = cached.generate(model, tokens, lengths, denoise_config,
                              max_new_tokens=new, cache_phases=phases,
-                             lockstep=lockstep)
+                             lockstep=lockstep, ragged_cache=ragged)
     calls = int(result.num_steps)
     prefill = prefill_seconds(model, tokens, block, args.repeats)
     call = (total - prefill) / calls
@@ -319,7 +323,8 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
     rows.append(dict(
         batch=batch,
         program="generate" + (f", {phases} cache phases" if phases > 1 else "")
-        + (", lockstep" if lockstep else ""),
+        + (", lockstep" if lockstep else "")
+        + (", ragged cache" if ragged else ""),
         schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
@@ -374,6 +379,9 @@ def main(argv=None) -> int:
   parser.add_argument("--lockstep", default="0",
                       help="comma-separated 0/1: `generate(lockstep=)`, each"
                       " timed")
+  parser.add_argument("--ragged-cache", default="0",
+                      help="comma-separated 0/1: `generate(ragged_cache=)`,"
+                      " each timed")
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args(argv)
   args.schedules = args.schedules.split(",")
@@ -386,10 +394,12 @@ def main(argv=None) -> int:
     parser.error(f"--cache-phases: integers, got {args.cache_phases!r}")
   if min(args.cache_phases) < 1:
     parser.error(f"--cache-phases: each >= 1, got {args.cache_phases}")
-  lockstep = args.lockstep.split(",")
-  if set(lockstep) - {"0", "1"}:
-    parser.error(f"--lockstep: 0 or 1 (comma-separated), got {args.lockstep!r}")
-  args.lockstep = [x == "1" for x in lockstep]
+  for flag in ("lockstep", "ragged_cache"):
+    values = getattr(args, flag).split(",")
+    if set(values) - {"0", "1"}:
+      parser.error(f"--{flag.replace('_', '-')}: 0 or 1 (comma-separated),"
+                   f" got {getattr(args, flag)!r}")
+    setattr(args, flag, [x == "1" for x in values])
   model, config = build_model(args.model, args.dtype)
   sizes = Sizes.of(model, config)
   rows = []

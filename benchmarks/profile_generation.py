@@ -102,6 +102,10 @@ def main(argv=None) -> int:
                       choices=tuple(generation.SCHEDULES))
   parser.add_argument("--cache-phases", type=int, default=1,
                       help="generate's cache_phases")
+  parser.add_argument("--lockstep", action="store_true",
+                      help="generate(lockstep=True)")
+  parser.add_argument("--ragged-cache", action="store_true",
+                      help="generate(ragged_cache=True): the Pallas kernel")
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--trace-dir", default=None,
                       help="keep the trace here (default: a temp dir)")
@@ -120,7 +124,9 @@ def main(argv=None) -> int:
   def run():
     return cached.generate(model, tokens, lengths, config,
                            max_new_tokens=args.new_tokens,
-                           cache_phases=args.cache_phases)
+                           cache_phases=args.cache_phases,
+                           lockstep=args.lockstep,
+                           ragged_cache=args.ragged_cache)
 
   result = jax.block_until_ready(run())  # compiles
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="profile_gen_")
@@ -134,7 +140,9 @@ def main(argv=None) -> int:
   total = sum(r["ms"] for r in rows)
   calls = int(result.num_steps)
   print(f"{args.model} {args.dtype} batch {args.batch} {args.schedule}"
-        f" cache_phases {args.cache_phases}:"
+        f" cache_phases {args.cache_phases}"
+        + (" lockstep" if args.lockstep else "")
+        + (" ragged_cache" if args.ragged_cache else "") + ":"
         f" {total:.1f} ms of device ops, {calls} model calls"
         f" ({total / calls:.2f} ms/call), {jax.devices()[0].device_kind}\n")
   print("| op | result | runs | ms | share | ms/call | source |")

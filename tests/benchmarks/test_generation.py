@@ -57,19 +57,23 @@ def test_bad_cache_phases_are_refused(flag, capsys):
   assert "--cache-phases" in capsys.readouterr().err
 
 
-def test_lockstep_rows_are_timed_and_bad_values_refused(tmp_path, capsys):
+def test_lockstep_and_kernel_rows_are_timed_and_bad_values_refused(
+    tmp_path, capsys):
   out = tmp_path / "rows.json"
   assert _module().main(["--model", "tiny", "--batch", "3", "--new-tokens",
                          "8", "--prompt-width", "8", "--repeats", "1",
                          "--raw-calls", "0", "--schedules", "b4t0.9",
-                         "--lockstep", "1", "--json", str(out)]) == 0
+                         "--lockstep", "1", "--ragged-cache", "0,1",
+                         "--json", str(out)]) == 0
   rows = json.loads(out.read_text())
-  assert [r["program"] for r in rows] == ["tunix Sampler",
-                                          "generate, lockstep"]
+  assert [r["program"] for r in rows] == [
+      "tunix Sampler", "generate, lockstep",
+      "generate, lockstep, ragged cache"]
   assert rows[1]["calls"] >= 2 and rows[1]["seconds"] > 0
-  with pytest.raises(SystemExit):
-    _module().main(["--model", "tiny", "--lockstep", "yes"])
-  assert "--lockstep" in capsys.readouterr().err
+  for flag in ("--lockstep", "--ragged-cache"):
+    with pytest.raises(SystemExit):
+      _module().main(["--model", "tiny", flag, "yes"])
+    assert flag in capsys.readouterr().err
 
 
 def test_the_floor_is_the_larger_of_bytes_and_flops():

@@ -29,14 +29,16 @@ def test_a_tiny_run_profiles_its_call(tmp_path, capsys):
   out = tmp_path / "ops.json"
   assert profile_generation.main(
       ["--batch", "2", "--new-tokens", "8", "--prompt-width", "8",
-       "--cache-phases", "2", "--json", str(out),
+       "--cache-phases", "2", "--lockstep", "--ragged-cache",
+       "--json", str(out),
        "--trace-dir", str(tmp_path / "trace")]) == 0
   report = json.loads(out.read_text())
   assert report["calls"] >= 2 and report["total_ms"] > 0
   assert report["ops"] and not any(
       op["name"].startswith("while") for op in report["ops"])
   printed = capsys.readouterr().out
-  assert "| op | result |" in printed and "cache_phases 2" in printed
+  assert "| op | result |" in printed
+  assert "cache_phases 2 lockstep ragged_cache:" in printed
   for bad in (["--batch", "0"], ["--cache-phases", "0"]):
     with pytest.raises(SystemExit):
       profile_generation.main(bad)

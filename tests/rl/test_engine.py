@@ -107,12 +107,15 @@ def test_cache_phases_give_the_same_rollouts():
 
 
 def test_lockstep_rollouts_are_scored_as_their_own_trace():
-  """Held steps are no row's own: the scorer reproduces the log-probs."""
+  """Held steps are no row's own: the scorer reproduces the log-probs.
+
+  (With the cache kernel too: its rounding is within the tolerance.)
+  """
   engine = engine_lib.BlockDiffusionRollout(
       rollout_actor=_engine().model(),
       tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
       rollout_config=ROLLOUT_CONFIG, block_size=4, threshold=0.3,
-      lockstep=True)
+      lockstep=True, ragged_cache=True)
   output = engine.generate(PROMPTS, ROLLOUT_CONFIG)
   logps = engine.get_per_token_logps(
       output.left_padded_prompt_tokens, output.trace_tokens,

@@ -19,6 +19,8 @@ Keys (omegaconf dotlist):
   lockstep=false       rows start their blocks together (fewer 2W-wide
                        steps when rows fall out of phase; greedy outputs
                        unchanged)
+  ragged_cache=false   read the cache with the Pallas kernel that fetches
+                       only the slots in use (TPU; interpret mode elsewhere)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)
@@ -59,6 +61,7 @@ DEFAULTS = {
     "sub_block_size": None,
     "cache_phases": 1,
     "lockstep": False,
+    "ragged_cache": False,
     "temperature": 0.0,
     "max_new_tokens": None,
     "seed": 0,
@@ -271,9 +274,10 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
                                                   options.cache_phases)
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"generate: {e}") from None
-  if not isinstance(options.lockstep, bool):
-    raise errors.UsageError(
-        f"generate: lockstep must be true or false, got {options.lockstep!r}")
+  for name in ("lockstep", "ragged_cache"):
+    if not isinstance(options[name], bool):
+      raise errors.UsageError(
+          f"generate: {name} must be true or false, got {options[name]!r}")
 
   # On a mesh the prompts are sharded over fsdp (padded to a multiple of it)
   # and the results gathered, so every process holds every row.
@@ -287,6 +291,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
           rng=jax.random.key(int(options.seed)),
           cache_phases=cache_phases,
           lockstep=options.lockstep,
+          ragged_cache=options.ragged_cache,
       ),
       mesh,
       prompt_tokens,

@@ -84,6 +84,7 @@ class BlockDiffusionRollout(
       use_cache: bool = True,
       cache_phases: int = 1,
       lockstep: bool = False,
+      ragged_cache: bool = False,
       seed: int = 0,
       attention: config_lib.AttentionConfig | None = None,
   ):
@@ -116,6 +117,8 @@ class BlockDiffusionRollout(
         (`generate(lockstep=)`): fewer 2W-wide steps when rows fall out of
         phase; the trace's commit steps count each row's own steps, so the
         scorer's likelihood is unchanged.
+      ragged_cache: The cached driver reads its cache with the Pallas kernel
+        that fetches only the slots in use (`generate(ragged_cache=)`).
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
       attention: The attention of the trajectory scorer (`score`,
@@ -160,12 +163,15 @@ class BlockDiffusionRollout(
     self._use_cache = bool(use_cache)
     self._cache_phases = sampling.optional_positive_int(
         "cache_phases", cache_phases) or 1
-    if not isinstance(lockstep, bool):
-      raise TypeError(f"lockstep must be a bool, got {lockstep!r}")
-    if lockstep and not use_cache:
-      raise ValueError("lockstep=True needs use_cache=True (it is a mode of"
-                       " the cached driver)")
+    for name, value in (("lockstep", lockstep),
+                        ("ragged_cache", ragged_cache)):
+      if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+      if value and not use_cache:
+        raise ValueError(f"{name}=True needs use_cache=True (it is a mode"
+                         " of the cached driver)")
     self._lockstep = lockstep
+    self._ragged_cache = ragged_cache
     self._init_engine(seed)
     self._train_rollout_config = rollout_config
 
@@ -259,6 +265,7 @@ class BlockDiffusionRollout(
             use_cache=self._use_cache,
             cache_phases=self._cache_phases,
             lockstep=self._lockstep,
+            ragged_cache=self._ragged_cache,
         ),
         self.mesh,
         prompt_tokens,

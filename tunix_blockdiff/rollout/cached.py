@@ -79,14 +79,14 @@ def _program(model, graphdef, key, use_cache: bool):
   entry = per_model.get(key)
   if entry is not None and entry[0] == graphdef:
     return entry[1]
-  config, num_new, _, cache_phases, lockstep = key
+  config, num_new, _, cache_phases, lockstep, ragged_cache = key
 
   def run(state, prompt_tokens, lengths, rng):
     merged = nnx.merge(graphdef, state)
     if use_cache:
       return cached_loop.cached_program(merged, prompt_tokens, lengths, rng,
                                         config, num_new, cache_phases,
-                                        lockstep)
+                                        lockstep, ragged_cache)
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
                               num_new)
 
@@ -97,7 +97,7 @@ def _program(model, graphdef, key, use_cache: bool):
 
 def _check_generate_inputs(
     prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
-    cache_phases=1, lockstep=False, use_cache=True,
+    cache_phases=1, lockstep=False, use_cache=True, ragged_cache=False,
 ):
   if not isinstance(config, config_lib.DenoiseConfig):
     raise TypeError(
@@ -106,9 +106,12 @@ def _check_generate_inputs(
   sampling.optional_positive_int("cache_phases", cache_phases)
   if not isinstance(lockstep, bool):
     raise TypeError(f"lockstep must be a bool, got {lockstep!r}")
-  if lockstep and not use_cache:
-    raise ValueError("lockstep=True is a mode of the cached driver; it needs"
-                     " use_cache=True")
+  for name, value in (("lockstep", lockstep), ("ragged_cache", ragged_cache)):
+    if not isinstance(value, bool):
+      raise TypeError(f"{name} must be a bool, got {value!r}")
+    if value and not use_cache:
+      raise ValueError(f"{name}=True is a mode of the cached driver; it"
+                       " needs use_cache=True")
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -167,6 +170,7 @@ def generate(
     use_cache: bool = True,
     cache_phases: int = 1,
     lockstep: bool = False,
+    ragged_cache: bool = False,
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
@@ -210,6 +214,12 @@ def generate(
       differ (noise is keyed by the program's step, which held steps
       advance), and `num_steps` counts the held steps too.
       `benchmarks/generation.py --lockstep` times it.
+    ragged_cache: The cached driver reads its cache with a Pallas kernel
+      (`rollout.cache_kernel`; interpret mode off a TPU, so slow there) that
+      fetches only the chunks of slots each block of 8 rows uses, with a
+      float32 online softmax, instead of every slot at every step. The same
+      outputs as the default up to the softmax's rounding (near-ties
+      aside). `benchmarks/generation.py --ragged-cache 0,1` times it.
 
   Returns:
     `GenerationResult` (completion tokens, commit steps and log-probs [B, N],
@@ -217,7 +227,7 @@ def generate(
   """
   prompt_tokens, prompt_lengths = _check_generate_inputs(
       prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
-      cache_phases, lockstep, use_cache,
+      cache_phases, lockstep, use_cache, ragged_cache,
   )
   if use_cache:
     kv_cache.check_model_for_cache(
@@ -227,6 +237,6 @@ def generate(
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
   key = (config, int(max_new_tokens), bool(use_cache),
-         int(cache_phases or 1) if use_cache else 1, lockstep)
+         int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache)
   program = _program(model, graphdef, key, use_cache)
   return program(state, prompt_tokens, prompt_lengths, rng)

@@ -102,7 +102,8 @@ class _CachedState(NamedTuple):
 
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
-                   cache_phases: int = 1, lockstep: bool = False):
+                   cache_phases: int = 1, lockstep: bool = False,
+                   ragged_cache: bool = False):
   """Traced body of the cached `generate`; see the module docstring.
 
   `cache_phases` > 1 splits the loop into that many phases, each reading
@@ -120,6 +121,11 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   steps, so greedy outputs are those of the default loop (up to rounding);
   sampled ones are other exact draws (the noise is keyed by the program's
   step), and `num_steps` counts the program's steps (held ones included).
+
+  `ragged_cache` reads the cache with `cache_kernel` (only the chunks of
+  slots that each block of rows uses, float32 online softmax) instead of
+  every slot of the segments: the same outputs up to the rounding of the
+  softmax (near-ties aside).
   """
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
@@ -175,6 +181,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     """
     parts = []
     for segment, lo, hi in zip(segments[:phase + 1], bounds, bounds[1:]):
+      if ragged_cache:  # the segment's slots [shift, limit + shift)
+        parts.append((segment, window_attention.Span(shift - lo,
+                                                     limit + shift - lo)))
+        continue
       slots = cache_slot[:, lo:hi]
       valid = (slots >= shift[:, None]) & (slots < (limit + shift)[:, None])
       parts.append((segment, valid))

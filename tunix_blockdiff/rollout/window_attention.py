@@ -43,6 +43,7 @@ from tunix.models.qwen2 import model as qwen2_lib
 from tunix.models.qwen3 import model as qwen3_lib
 
 from tunix_blockdiff.models import head as head_lib
+from tunix_blockdiff.rollout import cache_kernel
 from tunix_blockdiff.models import logits as modeling
 
 # Tunix's attention mask value (the same in every family).
@@ -226,13 +227,30 @@ class _WindowAttention(nnx.Module):
   def __call__(self, *args, **kwargs):
     bound = self.signature.bind(self.inner, *args, **kwargs).arguments
     projected = self.family.project(self.inner, bound)
-    encoded = attend(projected, bound["cache"]["parts"], bound["attn_mask"])
+    cache = bound["cache"]
+    if cache["spans"]:
+      encoded = cache_kernel.attend(
+          projected.q, projected.k, projected.v, bound["attn_mask"],
+          cache["spans"], cache["parts"], projected.score_scale)
+    else:
+      encoded = attend(projected, cache["parts"], bound["attn_mask"])
     return ({"k": projected.k, "v": projected.v},
             self.family.output(self.inner, encoded))
 
 
 # Slots per cache chunk: the rows of a TPU memory tile of 16-bit values.
 TILE = 16
+
+
+class Span(NamedTuple):
+  """The slots [lo, hi) of each row that a cached part holds keys in.
+
+  As a part's validity (`window_call`), it makes the call read that part
+  with `cache_kernel` (only the chunks of slots in use), not all of it.
+  """
+
+  lo: jax.Array  # int32 [B]
+  hi: jax.Array  # int32 [B]
 
 
 class Cache(NamedTuple):
@@ -318,7 +336,8 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None):
     positions: int32 [B, T] their logical positions.
     parts: `(Cache, valid bool [B, S])` pairs the window attends to, e.g.
       the driver's chunked cache (S = its slots) and a block not yet
-      written to it.
+      written to it; or `(Cache, Span)` for a chunked cache that
+      `cache_kernel` reads (only its rows' spans; float32 online softmax).
     window_mask: bool [B, T, T] window slot q attends window slot k.
     pick: None (logits of every slot), or a function from the final hidden
       states [B, T, D] to the slots whose logits are wanted [B, T', D].
@@ -341,9 +360,12 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None):
   if pick is not None:
     view.final_norm = modeling.Picked(view.final_norm, pick)
   layer_caches = {
-      f"layer_{i}": {"parts": [(c.k[i], c.v[i], valid)
-                               for c, valid in views]}
-      for i in range(len(view.layers))
+      f"layer_{i}": {
+          "parts": [(c.k[i], c.v[i], valid) for c, valid in views
+                    if not isinstance(valid, Span)],
+          "spans": [(c.k, c.v, i, valid.lo, valid.hi) for c, valid in views
+                    if isinstance(valid, Span)],
+      } for i in range(len(view.layers))
   }
   hidden, out = view(tokens, positions, layer_caches, window_mask)
   logits = headless.head(hidden.astype(headless.dtype))

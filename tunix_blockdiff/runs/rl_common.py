@@ -144,6 +144,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       sub_block_size=cfg.rollout.get("sub_block_size"),
       cache_phases=cfg.rollout.get("cache_phases"),
       lockstep=cfg.rollout.get("lockstep", False),
+      ragged_cache=cfg.rollout.get("ragged_cache", False),
       seed=int(cfg.seed),
       attention=attention,
   )
