@@ -5,7 +5,6 @@ import importlib.util
 import pathlib
 import sys
 
-from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,7 +14,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
-from tunix_blockdiff.rollout import cached_loop
+from tunix_blockdiff.rollout import cached_state
 
 _spec = importlib.util.spec_from_file_location(
     "rollout_numpy_reference",
@@ -355,10 +354,10 @@ def test_generate_validation(kwargs, error, match):
 
 
 def test_phase_extents_cover_the_cache_in_increasing_prefixes():
-  assert cached_loop.phase_extents(64, 324, 4, 1) == [324]
-  assert cached_loop.phase_extents(64, 324, 4, 4) == [144, 208, 272, 324]
-  assert cached_loop.phase_extents(8, 20, 4, 4) == [16, 20]
-  assert cached_loop.phase_extents(0, 40, 8, 3) == [16, 32, 40]
+  assert cached_state.phase_extents(64, 324, 4, 1) == [324]
+  assert cached_state.phase_extents(64, 324, 4, 4) == [144, 208, 272, 324]
+  assert cached_state.phase_extents(8, 20, 4, 4) == [16, 20]
+  assert cached_state.phase_extents(0, 40, 8, 3) == [16, 32, 40]
 
 
 @pytest.mark.parametrize("phases", [2, 5])

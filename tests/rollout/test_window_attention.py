@@ -28,6 +28,7 @@ from tunix_blockdiff.attention import masks
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import window_attention as wa
+from tunix_blockdiff.rollout import window_families
 
 VOCAB = 64
 
@@ -66,7 +67,7 @@ def test_attend_equals_attention_over_the_concatenated_keys(seed, parts):
   all_k.append(k)
   all_v.append(v)
   all_vis.append(window)
-  p = wa.Projected(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), 0.35,
+  p = window_families.Projected(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), 0.35,
                    jnp.float32)
   got = wa.attend(p, cached_parts, jnp.asarray(window))
   want = _reference_attention(q, np.concatenate(all_k, 1),
@@ -236,8 +237,8 @@ class _NotTunix(nnx.Module):
 
 
 def test_a_model_it_does_not_know_is_refused_naming_use_cache():
-  assert not wa.supports(_NotTunix())
-  assert wa.supports(FAMILIES["qwen3"]())
+  assert not window_families.supports(_NotTunix())
+  assert window_families.supports(FAMILIES["qwen3"]())
   config = config_lib.DenoiseConfig(block_size=4, mask_token_id=VOCAB - 1)
   with pytest.raises(ValueError, match="use_cache=False"):
     cached.generate(_NotTunix(), np.ones((1, 4), int), np.array([4]), config,

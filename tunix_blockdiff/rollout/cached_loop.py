@@ -50,55 +50,15 @@ Shapes: B batch, P prompt width, N `max_new_tokens`, W `block_size`, V vocab.
 
 from __future__ import annotations
 
-import math
-from typing import NamedTuple
-
 import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import models
+from tunix_blockdiff.rollout import cached_state
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
 from tunix_blockdiff.rollout import transition
 from tunix_blockdiff.rollout import window_attention
-
-
-def phase_extents(prefill_len: int, size: int, width: int,
-                  phases: int) -> list[int]:
-  """The cache prefix each of `phases` phases reads: increasing, the last S.
-
-  The slots after the prefill are split evenly, rounded up to a multiple of
-  the block and of the cache's chunk (`window_attention.TILE`, a TPU tile's
-  rows), capped at `size` (whole chunks).
-  """
-  step = math.lcm(width, window_attention.TILE)
-  extents = []
-  for p in range(1, phases + 1):
-    end = prefill_len + -(-(size - prefill_len) * p // phases)
-    end = min(size, -(-end // step) * step)
-    if not extents or end > extents[-1]:
-      extents.append(end)
-  return extents
-
-
-class _CachedState(NamedTuple):
-  step: jax.Array  # the program's steps (model calls after the prefill)
-  row_step: jax.Array  # int32 [B] each row's own steps (held ones not)
-  tokens: jax.Array  # int32 [B, T] logical layout
-  commit_step: jax.Array  # int32 [B, T]
-  logprobs: jax.Array  # float32 [B, T]
-  block_steps: jax.Array  # int32 [B]
-  last_block: jax.Array  # int32 [B]
-  # Chunked segments, one per phase; logical [0, fresh_start), shifted.
-  cache: tuple[window_attention.Cache, ...]
-  written: jax.Array  # int32 [B] logical slots [0, written) are final
-  # The block finished by the last fused step, not yet in `cache`: its keys
-  # [B, K, W, H] per layer, its slot and whether each row finished one.
-  fresh: window_attention.Cache
-  fresh_start: jax.Array  # int32 [B]
-  fresh_valid: jax.Array  # bool [B]
-  carry: jax.Array  # float32 [B, V] logit of slot written - 1 (shifted;
-  # [B, 1] zeros otherwise)
 
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
@@ -172,7 +132,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   # The cache is one array per phase (a segment of slots [bounds[i],
   # bounds[i + 1])): phase p reads segments 0..p whole. A slice of one
   # array was copied at every step on the TPU (1.5 ms a step at batch 128).
-  bounds = [0] + phase_extents(prefill_len, size, width, cache_phases)
+  bounds = [0] + cached_state.phase_extents(prefill_len, size, width, cache_phases)
 
   def cached(segments, limit, phase):
     """The `window_call` parts of segments 0..`phase`: logical [0, limit).
@@ -297,7 +257,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
         carry=carry,
     )
 
-  def status_of(state: _CachedState):
+  def status_of(state: cached_state.CachedState):
     """(row status, active block start int32 [B], pending bool [B])."""
     status = transition.row_status(
         state.tokens, state.commit_step, positions, completion, config
@@ -307,7 +267,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     pending = status.live & (state.written < block_start)
     return status, block_start, pending
 
-  def step(state: _CachedState, fused: bool, phase: int) -> _CachedState:
+  def step(state: cached_state.CachedState, fused: bool, phase: int) -> cached_state.CachedState:
     status, block_start, pending = status_of(state)
     # A plain step runs while no row is pending, or (lockstep) with the
     # pending rows held: they act from the next fused step on.
@@ -351,10 +311,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   # outer iteration makes one fused step (finished blocks written; none at
   # the very start), then plain steps while no row has a finished block to
   # write; the cache flows through both loops and is updated in place.
-  def any_live(state: _CachedState):
+  def any_live(state: cached_state.CachedState):
     return jnp.any(status_of(state)[0].live)
 
-  def plain_steps_due(state: _CachedState):
+  def plain_steps_due(state: cached_state.CachedState):
     """Plain steps go on while no row is pending (lockstep: while a live
     row is still inside its block; the pending ones wait)."""
     status, _, pending = status_of(state)
@@ -362,13 +322,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       return jnp.any(status.live & ~pending)
     return jnp.any(status.live) & ~jnp.any(pending)
 
-  def outer_body(state: _CachedState, phase: int) -> _CachedState:
+  def outer_body(state: cached_state.CachedState, phase: int) -> cached_state.CachedState:
     state = step(state, True, phase)
     return jax.lax.while_loop(
         plain_steps_due, lambda s: step(s, False, phase), state
     )
 
-  init = _CachedState(
+  init = cached_state.CachedState(
       step=jnp.zeros((), jnp.int32),
       row_step=jnp.zeros((batch,), jnp.int32),
       tokens=tokens0,
@@ -389,7 +349,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   final = init
   for phase, extent in enumerate(bounds[1:]):
 
-    def phase_live(state: _CachedState, extent=extent):
+    def phase_live(state: cached_state.CachedState, extent=extent):
       live = any_live(state)
       if extent < size:
         live &= jnp.max(state.written + shift) <= extent

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 
 from tunix_blockdiff import models
-from tunix_blockdiff.rollout import window_attention
+from tunix_blockdiff.rollout import window_families
 
 
 def activation_dtype(model):
@@ -92,12 +92,12 @@ def check_model_for_cache(
 ) -> None:
   """Raises for a model the cached driver cannot run exactly.
 
-  Its attention must be one `window_attention` knows (the Tunix Qwen3,
+  Its attention must be one `window_families` knows (the Tunix Qwen3,
   Qwen2, Llama3 and Gemma3 layers; their flash setting does not matter, the
   driver runs its own attention), and a sliding window must not cut what
   the calls span.
   """
-  if not window_attention.supports(model):
+  if not window_families.supports(model):
     raise ValueError(
         "generate(use_cache=True) runs the attention of Tunix's Qwen3, Qwen2,"
         " Llama3 and Gemma3 layers against its own cache; this model's"
