@@ -232,7 +232,8 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   name, config, lengths = CASES[case]
   model = _model(name)
   prompts, lengths = _prompts(lengths)
-  program = cached._PROGRAMS[model][(config, NEW_TOKENS, True, 1, False, False)][1]
+  key = (config, NEW_TOKENS, True, 1, False, False)
+  program = cached._PROGRAMS[model][key][1]
   # New prompts, same shapes: no retrace.
   other = cached.generate(
       model, prompts[::-1], lengths[::-1], config, max_new_tokens=NEW_TOKENS

@@ -67,8 +67,8 @@ def test_attend_equals_attention_over_the_concatenated_keys(seed, parts):
   all_k.append(k)
   all_v.append(v)
   all_vis.append(window)
-  p = window_families.Projected(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), 0.35,
-                   jnp.float32)
+  p = window_families.Projected(jnp.asarray(q), jnp.asarray(k),
+                                jnp.asarray(v), 0.35, jnp.float32)
   got = wa.attend(p, cached_parts, jnp.asarray(window))
   want = _reference_attention(q, np.concatenate(all_k, 1),
                               np.concatenate(all_v, 1),

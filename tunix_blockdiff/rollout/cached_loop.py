@@ -60,6 +60,7 @@ from tunix_blockdiff.rollout import result as result_lib
 from tunix_blockdiff.rollout import transition
 from tunix_blockdiff.rollout import window_attention
 
+_State = cached_state.CachedState
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
                    cache_phases: int = 1, lockstep: bool = False,
@@ -132,7 +133,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   # The cache is one array per phase (a segment of slots [bounds[i],
   # bounds[i + 1])): phase p reads segments 0..p whole. A slice of one
   # array was copied at every step on the TPU (1.5 ms a step at batch 128).
-  bounds = [0] + cached_state.phase_extents(prefill_len, size, width, cache_phases)
+  bounds = [0] + cached_state.phase_extents(prefill_len, size, width,
+                                            cache_phases)
 
   def cached(segments, limit, phase):
     """The `window_call` parts of segments 0..`phase`: logical [0, limit).
@@ -257,7 +259,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
         carry=carry,
     )
 
-  def status_of(state: cached_state.CachedState):
+  def status_of(state: _State):
     """(row status, active block start int32 [B], pending bool [B])."""
     status = transition.row_status(
         state.tokens, state.commit_step, positions, completion, config
@@ -267,11 +269,11 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     pending = status.live & (state.written < block_start)
     return status, block_start, pending
 
-  def step(state: cached_state.CachedState, fused: bool, phase: int) -> cached_state.CachedState:
+  def step(state: _State, fused: bool, phase: int) -> _State:
     status, block_start, pending = status_of(state)
     # A plain step runs while no row is pending, or (lockstep) with the
     # pending rows held: they act from the next fused step on.
-    live = status.live & ~pending if not fused else status.live
+    live = status.live if fused else (status.live & ~pending)
     block = block_start // width
     window_positions = block_start[:, None] + offsets[None, :]
     window_valid = window_positions < ends[:, None]
@@ -311,10 +313,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   # outer iteration makes one fused step (finished blocks written; none at
   # the very start), then plain steps while no row has a finished block to
   # write; the cache flows through both loops and is updated in place.
-  def any_live(state: cached_state.CachedState):
+  def any_live(state: _State):
     return jnp.any(status_of(state)[0].live)
 
-  def plain_steps_due(state: cached_state.CachedState):
+  def plain_steps_due(state: _State):
     """Plain steps go on while no row is pending (lockstep: while a live
     row is still inside its block; the pending ones wait)."""
     status, _, pending = status_of(state)
@@ -322,13 +324,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       return jnp.any(status.live & ~pending)
     return jnp.any(status.live) & ~jnp.any(pending)
 
-  def outer_body(state: cached_state.CachedState, phase: int) -> cached_state.CachedState:
+  def outer_body(state: _State, phase: int) -> _State:
     state = step(state, True, phase)
     return jax.lax.while_loop(
         plain_steps_due, lambda s: step(s, False, phase), state
     )
 
-  init = cached_state.CachedState(
+  init = _State(
       step=jnp.zeros((), jnp.int32),
       row_step=jnp.zeros((batch,), jnp.int32),
       tokens=tokens0,
@@ -349,7 +351,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   final = init
   for phase, extent in enumerate(bounds[1:]):
 
-    def phase_live(state: cached_state.CachedState, extent=extent):
+    def phase_live(state: _State, extent=extent):
       live = any_live(state)
       if extent < size:
         live &= jnp.max(state.written + shift) <= extent
