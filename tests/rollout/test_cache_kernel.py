@@ -10,6 +10,7 @@ gives the default generation.
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -131,3 +132,17 @@ def test_ragged_cache_is_refused_when_not_a_bool_or_without_the_cache():
   with pytest.raises(ValueError, match="ragged_cache=True .* use_cache=True"):
     cached.generate(*args, max_new_tokens=4, ragged_cache=True,
                     use_cache=False)
+
+
+def test_the_kernel_lowers_for_a_tpu_at_qwen3_0p6b_shapes():
+  """The Mosaic kernel is built for a TPU (lowered here, not compiled)."""
+  q = jax.ShapeDtypeStruct((128, 8, 16, 128), jnp.bfloat16)
+  cache = jax.ShapeDtypeStruct((28, 128, 8, 336, 128), jnp.bfloat16)
+  span = jax.ShapeDtypeStruct((128,), jnp.int32)
+  program = jax.jit(lambda q, k, v, lo, hi: ck.merge([ck.partial_attention(
+      q, k, v, 3, lo, hi, scale=0.1, interpret=False)]))
+  text = program.trace(q, cache, cache, span, span).lower(
+      lowering_platforms=("tpu",)).as_text()
+  assert text.count("tpu_custom_call") == 1
+  # The cache is passed whole (the layer is picked by the index map).
+  assert "28x128x8x336x128xbf16" in text
