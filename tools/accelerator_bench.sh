@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator checks, in one pass, on a GPU or a TPU: generation at real
 # sizes (Tunix's Sampler against the cached generate, with a floor), the
-# cached loop in 4 phases against 1 (generation_phases), its per-op
+# cached loop in 4 phases against 1 (generation_phases), rows in lockstep
+# (generation_lockstep), the Pallas cache read (generation_ragged), its per-op
 # profile at batch 128, the SFT step at a real size (Splash on a
 # TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
 # 4 x 4096, the notebooks' code (benchmarks/notebooks.py), then the
@@ -38,7 +39,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases generation_lockstep generation_ragged profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -53,6 +54,18 @@ for name in $all; do
       --model qwen3_0p6b --dtype bfloat16 --batch 128,32 --schedules b4s1 \
       --cache-phases 1,4 --raw-calls 0 --repeats 2 \
       --json "$out/generation_phases.json"
+  elif [[ $name == generation_lockstep ]]; then
+    # Rows kept in phase at block 16 / 4 steps (generate(lockstep=)).
+    step generation_lockstep 480 python3 benchmarks/generation.py \
+      --model qwen3_0p6b --dtype bfloat16 --batch 32 --schedules b16s4 \
+      --cache-phases 4 --lockstep 0,1 --raw-calls 0 --repeats 2 \
+      --json "$out/generation_lockstep.json"
+  elif [[ $name == generation_ragged ]]; then
+    # The Pallas cache read of the slots in use (generate(ragged_cache=)).
+    step generation_ragged 480 python3 benchmarks/generation.py \
+      --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedules b4s1 \
+      --cache-phases 4 --ragged-cache 0,1 --raw-calls 0 --repeats 2 \
+      --json "$out/generation_ragged.json"
   elif [[ $name == profile_generation ]]; then
     step profile_generation 240 python3 benchmarks/profile_generation.py \
       --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedule b4s1 \
