@@ -58,6 +58,27 @@ def test_kernel_equals_attention_over_each_rows_span(batch, slots, seed):
   assert np.all(np.asarray(got.l)[0] == 0)  # nothing valid in row 0
 
 
+def test_bf16_inputs_score_in_float32():
+  """A bf16 cache (the TPU's) gives the float64 reference to bf16 rounding."""
+  rng = np.random.default_rng(2)
+  batch, kh, slots, h = 8, 2, 224, 16
+  keys, values = (rng.normal(size=(1, batch, kh, slots, h)) for _ in range(2))
+  q = rng.normal(size=(batch, kh, 8, h))
+  lo = rng.integers(0, 100, size=batch)
+  hi = lo + rng.integers(1, 120, size=batch)
+  bf16 = lambda x: jnp.asarray(x, jnp.bfloat16)
+  got = ck.merge([ck.partial_attention(bf16(q), bf16(keys), bf16(values), 0,
+                                       jnp.asarray(lo), jnp.asarray(hi),
+                                       scale=0.25)])
+  assert got.dtype == jnp.float32
+  as64 = lambda x: np.asarray(bf16(x), np.float64)
+  slot = np.arange(slots)
+  valid = (slot >= lo[:, None]) & (slot < hi[:, None])
+  want = _reference(as64(q), as64(keys)[0], as64(values)[0],
+                    valid[:, None, None], 0.25)
+  np.testing.assert_allclose(np.asarray(got), want, atol=3e-2)
+
+
 def test_chunks_outside_every_rows_span_are_not_computed():
   """NaN keys and values in unused chunks cannot reach the output."""
   batch, kh, slots, h = 8, 1, 336, 8  # chunks of 112: one row block
