@@ -10,6 +10,7 @@ gives the default generation.
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+import generations
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -135,13 +136,7 @@ def test_generate_with_the_kernel_gives_the_default_generation(schedule):
   runs = [cached.generate(model, prompts, lengths, config, max_new_tokens=21,
                           cache_phases=2, ragged_cache=ragged)
           for ragged in (False, True)]
-  for field in ("tokens", "commit_step", "trace_tokens", "trace_commit_step"):
-    np.testing.assert_array_equal(np.asarray(getattr(runs[0], field)),
-                                  np.asarray(getattr(runs[1], field)),
-                                  err_msg=field)
-  assert int(runs[0].num_steps) == int(runs[1].num_steps)
-  np.testing.assert_allclose(np.asarray(runs[0].logprobs),
-                             np.asarray(runs[1].logprobs), atol=1e-5)
+  generations.assert_same_generation(runs[1], runs[0])
 
 
 def test_ragged_cache_is_refused_when_not_a_bool_or_without_the_cache():
@@ -153,6 +148,10 @@ def test_ragged_cache_is_refused_when_not_a_bool_or_without_the_cache():
   with pytest.raises(ValueError, match="ragged_cache=True .* use_cache=True"):
     cached.generate(*args, max_new_tokens=4, ragged_cache=True,
                     use_cache=False)
+  # Row blocks of 8, or one block of at most 8 rows.
+  with pytest.raises(ValueError, match="at most 8 rows or a multiple of 8"):
+    cached.generate(model, np.ones((12, 4), int), np.full(12, 4), config,
+                    max_new_tokens=4, ragged_cache=True)
 
 
 def test_the_kernel_lowers_for_a_tpu_at_qwen3_0p6b_shapes():

@@ -163,13 +163,8 @@ class BlockDiffusionRollout(
     self._use_cache = bool(use_cache)
     self._cache_phases = sampling.optional_positive_int(
         "cache_phases", cache_phases) or 1
-    for name, value in (("lockstep", lockstep),
-                        ("ragged_cache", ragged_cache)):
-      if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-      if value and not use_cache:
-        raise ValueError(f"{name}=True needs use_cache=True (it is a mode"
-                         " of the cached driver)")
+    sampling.check_cached_modes(use_cache, lockstep=lockstep,
+                                ragged_cache=ragged_cache)
     self._lockstep = lockstep
     self._ragged_cache = ragged_cache
     self._init_engine(seed)

@@ -63,8 +63,21 @@ def chunk_size(slots: int) -> int:
   return 16 * best
 
 
+def check_batch(batch: int) -> None:
+  """Raises ValueError unless rows split into blocks the kernel can take.
+
+  A block of rows is 8 (an int32 tile's rows) or the whole batch; a whole
+  batch of more than 8 rows would not fit the kernel's buffers on a TPU.
+  """
+  if batch > 8 and batch % 8:
+    raise ValueError(
+        f"ragged_cache: the batch must be at most 8 rows or a multiple of 8,"
+        f" got {batch}")
+
+
 def _row_block(batch: int) -> int:
-  """Rows per grid step: 8 (an int32 tile's rows) where they divide."""
+  """Rows per grid step: 8 where they divide, else the whole (<= 8) batch."""
+  check_batch(batch)
   return 8 if batch % 8 == 0 else batch
 
 
@@ -259,5 +272,5 @@ def merge(parts: list[Partial]) -> jax.Array:
   return acc / jnp.where(l > 0, l, 1.0)
 
 
-__all__ = ["MAX_CHUNK", "Partial", "attend", "chunk_size", "merge",
-           "partial_attention", "partial_dense"]
+__all__ = ["MAX_CHUNK", "Partial", "attend", "check_batch", "chunk_size",
+           "merge", "partial_attention", "partial_dense"]

@@ -22,6 +22,7 @@ import numpy as np
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
+from tunix_blockdiff.rollout import cache_kernel
 from tunix_blockdiff.rollout import cached_loop
 from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache
@@ -104,14 +105,8 @@ def _check_generate_inputs(
         f"config must be a DenoiseConfig, got {type(config).__name__}"
     )
   sampling.optional_positive_int("cache_phases", cache_phases)
-  if not isinstance(lockstep, bool):
-    raise TypeError(f"lockstep must be a bool, got {lockstep!r}")
-  for name, value in (("lockstep", lockstep), ("ragged_cache", ragged_cache)):
-    if not isinstance(value, bool):
-      raise TypeError(f"{name} must be a bool, got {value!r}")
-    if value and not use_cache:
-      raise ValueError(f"{name}=True is a mode of the cached driver; it"
-                       " needs use_cache=True")
+  sampling.check_cached_modes(use_cache, lockstep=lockstep,
+                              ragged_cache=ragged_cache)
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -127,6 +122,8 @@ def _check_generate_inputs(
         "prompt_tokens must have shape [batch, prompt_width], got"
         f" {prompt_tokens.shape}"
     )
+  if ragged_cache:
+    cache_kernel.check_batch(prompt_tokens.shape[0])
   if not jnp.issubdtype(prompt_tokens.dtype, jnp.integer):
     raise TypeError(
         f"prompt_tokens must have an integer dtype, got {prompt_tokens.dtype}"
@@ -219,7 +216,8 @@ def generate(
       fetches only the chunks of slots each block of 8 rows uses, with a
       float32 online softmax, instead of every slot at every step. The same
       outputs as the default up to the softmax's rounding (near-ties
-      aside). `benchmarks/generation.py --ragged-cache 0,1` times it.
+      aside). The batch must be at most 8 rows or a multiple of 8.
+      `benchmarks/generation.py --ragged-cache 0,1` times it.
 
   Returns:
     `GenerationResult` (completion tokens, commit steps and log-probs [B, N],

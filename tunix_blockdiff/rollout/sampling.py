@@ -28,6 +28,17 @@ def optional_positive_int(name: str, value) -> int | None:
   return int(value)
 
 
+def check_cached_modes(use_cache: bool, **modes) -> None:
+  """Each mode of the cached driver (`lockstep=`, ...) is a bool, and on
+  only with `use_cache` (TypeError/ValueError naming the mode)."""
+  for name, value in modes.items():
+    if not isinstance(value, bool):
+      raise TypeError(f"{name} must be a bool, got {value!r}")
+    if value and not use_cache:
+      raise ValueError(f"{name}=True is a mode of the cached driver; it"
+                       " needs use_cache=True")
+
+
 def default_mask_id(tokenizer) -> int | None:
   """`tokenizer.mask_id()` (or `mask_token_id`), None when it has neither."""
   for name in ("mask_id", "mask_token_id"):

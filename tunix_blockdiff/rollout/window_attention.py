@@ -21,9 +21,9 @@ slot holds which position: attention does not depend on the order of the
 keys).
 
 Families: Qwen3, Qwen2, Llama3, Gemma3 (Tunix 0.1.7's attention code,
-mirrored up to its cache write; `window_families`). Gemma3's sliding window is not applied:
-`kv_cache.check_model_for_cache` admits only calls that the window does
-not cut. Shapes: B batch, T window slots, S cache slots, N query heads,
+mirrored up to its cache write; `window_families`). Gemma3's sliding
+window is not applied: `kv_cache.check_model_for_cache` admits only calls
+that the window does not cut. Shapes: B batch, T window slots, S cache slots, N query heads,
 K key heads, H head dim, L layers, V vocabulary.
 """
 
