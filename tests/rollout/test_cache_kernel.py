@@ -154,6 +154,32 @@ def test_ragged_cache_is_refused_when_not_a_bool_or_without_the_cache():
                     max_new_tokens=4, ragged_cache=True)
 
 
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(chunk=24), "chunk must be a multiple of 16 dividing the 48"),
+    (dict(chunk=32), "chunk must be a multiple of 16 dividing the 48"),
+    (dict(row_block=12), "row_block must be a positive multiple of 8"),
+])
+def test_a_bad_chunk_or_row_block_is_refused(kwargs, message):
+  q = jnp.zeros((16, 1, 8, 8))
+  cache = jnp.zeros((1, 16, 1, 48, 8))
+  span = jnp.zeros((16,), jnp.int32)
+  with pytest.raises(ValueError, match=message):
+    ck.partial_attention(q, cache, cache, 0, span, span, **kwargs)
+
+
+def test_row_blocks_of_16_give_the_blocks_of_8s_result():
+  rng = np.random.default_rng(3)
+  keys, values = (jnp.asarray(rng.normal(size=(1, 16, 2, 32, 8)), jnp.float32)
+                  for _ in range(2))
+  q = jnp.asarray(rng.normal(size=(16, 2, 8, 8)), jnp.float32)
+  lo = jnp.asarray(rng.integers(0, 32, size=16))
+  hi = jnp.asarray(rng.integers(0, 33, size=16))
+  run = lambda **kw: ck.merge([ck.partial_attention(q, keys, values, 0, lo,
+                                                    hi, chunk=16, **kw)])
+  np.testing.assert_allclose(run(row_block=16), run(row_block=8), rtol=1e-6,
+                             atol=1e-6)
+
+
 def test_the_kernel_lowers_for_a_tpu_at_qwen3_0p6b_shapes():
   """The Mosaic kernel is built for a TPU (lowered here, not compiled)."""
   q = jax.ShapeDtypeStruct((128, 8, 16, 128), jnp.bfloat16)
