@@ -57,6 +57,7 @@ from tunix_blockdiff import models
 from tunix_blockdiff.rollout import cached_state
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
+from tunix_blockdiff.rollout import slot_head
 from tunix_blockdiff.rollout import transition
 from tunix_blockdiff.rollout import window_attention
 
@@ -110,14 +111,16 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   vocab = models.model_vocab_size(model)
   transition.check_vocab(vocab, config)
 
-  def call(tokens, call_positions, parts, window_mask, pick):
+  def call(tokens, call_positions, parts, window_mask, pick,
+           head_apply=None):
     """(logits [B, Q', V], keys, values) of a window; the parts are read.
 
     `pick` selects the slots whose logits are needed (static slices here),
-    so the output head runs on those alone.
+    so the output head runs on those alone; `head_apply` replaces the
+    logits (`window_attention.window_call`).
     """
     return window_attention.window_call(
-        model, tokens, call_positions, parts, window_mask, pick)
+        model, tokens, call_positions, parts, window_mask, pick, head_apply)
 
   # The cache: logical slot k of row b at cache slot k + shift[b] (module
   # docstring), so every row's prefilled blocks end at `prefill_len`.
@@ -199,9 +202,14 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       return raw_logits
     return jnp.concatenate([carry[:, None], raw_logits], axis=1)
 
-  def plain_call(state, block_start, window_valid, pending, phase):
-    """Active window only, against the cache and the fresh block."""
-    del pending
+  def plain_call(state, block_start, window_valid, eligible, noise, phase):
+    """Active window only, against the cache and the fresh block.
+
+    Returns the proposals (proposal int32 [B, W], log_prob float32 [B, W])
+    and the state. Same-position alignment runs the head and the proposals
+    on the eligible slots only (`slot_head`): a plain step commits nowhere
+    else.
+    """
     tokens = kv_cache.row_slice(state.tokens, block_start, width)
     mask = jnp.broadcast_to(window_valid[:, None, :], (batch, width, width))
     parts = [
@@ -209,10 +217,16 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
         (state.fresh,
          jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
     ]
-    logits, _, _ = call(tokens, block_start[:, None] + offsets[None, :],
-                        parts, mask,
-                        (lambda x: x[:, :-1]) if shifted else None)
-    return align(logits, state.carry), state
+    if shifted:
+      logits, _, _ = call(tokens, block_start[:, None] + offsets[None, :],
+                          parts, mask, lambda x: x[:, :-1])
+      return transition.propose(align(logits, state.carry), config,
+                                noise), state
+    proposals, _, _ = call(
+        tokens, block_start[:, None] + offsets[None, :], parts, mask, None,
+        lambda head, hidden: slot_head.propose_eligible(
+            head, hidden, eligible, config, noise))
+    return proposals, state
 
   def fused_call(state, block_start, window_valid, pending, phase):
     """[finished block | active window]; the finished half becomes fresh."""
@@ -277,16 +291,19 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     block = block_start // width
     window_positions = block_start[:, None] + offsets[None, :]
     window_valid = window_positions < ends[:, None]
-    call_fn = fused_call if fused else plain_call
-    logits, state = call_fn(state, block_start, window_valid, pending,
-                            phase)
-    noise = None
-    if config.temperature > 0:
-      noise = transition.sampling_noise(rng, state.step, batch, width, vocab)
-    proposal, log_prob = transition.propose(logits, config, noise)
     eligible = (
         kv_cache.row_slice(status.masked, block_start, width) & live[:, None]
     )
+    noise = None
+    if config.temperature > 0:
+      noise = transition.sampling_noise(rng, state.step, batch, width, vocab)
+    if fused:
+      logits, state = fused_call(state, block_start, window_valid, pending,
+                                 phase)
+      proposal, log_prob = transition.propose(logits, config, noise)
+    else:
+      (proposal, log_prob), state = plain_call(
+          state, block_start, window_valid, eligible, noise, phase)
     block_steps = jnp.where(block == state.last_block, state.block_steps, 0)
     commit = transition.select_commits(
         jnp.exp(log_prob), eligible, window_positions, block_steps, config

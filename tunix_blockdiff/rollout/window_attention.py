@@ -205,7 +205,8 @@ def cache_from_block(block: Cache, size: int) -> Cache:
   return Cache(chunked(block.k), chunked(block.v))
 
 
-def window_call(model, tokens, positions, parts, window_mask, pick=None):
+def window_call(model, tokens, positions, parts, window_mask, pick=None,
+                head_apply=None):
   """The model on a window against cached keys, which it does not change.
 
   Args:
@@ -219,10 +220,14 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None):
     window_mask: bool [B, T, T] window slot q attends window slot k.
     pick: None (logits of every slot), or a function from the final hidden
       states [B, T, D] to the slots whose logits are wanted [B, T', D].
+    head_apply: None, or a function of (the output head, a function from
+      final hidden states [B, K, D] to logits [B, K, V]; the picked final
+      hidden states [B, T', D]) whose result replaces the logits (e.g. the
+      head on some slots only, `slot_head.propose_eligible`).
 
   Returns:
-    (logits [B, T', V] in the head's dtype, keys [B, T, K, H] per layer,
-    values likewise). The logits are not cast to float32: the view's head
+    (logits [B, T', V] in the head's dtype, or what `head_apply` returns;
+    keys [B, T, K, H] per layer, values likewise). The logits are not cast to float32: the view's head
     runs apart from the model (`head.headless`), so Qwen2's and Qwen3's own
     cast of their logits to float32 (exact, so the values are the same)
     is skipped too. The driver's reductions over the vocabulary read them
@@ -246,7 +251,8 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None):
       } for i in range(len(view.layers))
   }
   hidden, out = view(tokens, positions, layer_caches, window_mask)
-  logits = headless.head(hidden.astype(headless.dtype))
+  head = lambda h: headless.head(h.astype(headless.dtype))
+  logits = head(hidden) if head_apply is None else head_apply(head, hidden)
   names = [f"layer_{i}" for i in range(len(view.layers))]
   return (logits, [out[n]["k"] for n in names],
           [out[n]["v"] for n in names])
