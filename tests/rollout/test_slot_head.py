@@ -58,6 +58,30 @@ def test_eligible_slots_get_the_whole_window_s_proposals(seed, width,
   assert np.all(np.asarray(got_lp)[~e] == -np.inf)
 
 
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), width=st.sampled_from([1, 4, 8]),
+       density=st.floats(0, 1))
+def test_shifted_slots_read_the_previous_slot_s_logits_or_the_carry(
+    seed, width, density):
+  rng = np.random.default_rng(seed)
+  hidden = jnp.asarray(rng.normal(size=(3, width - 1, DIM)), jnp.bfloat16)
+  weight = jnp.asarray(rng.normal(size=(DIM, VOCAB)), jnp.bfloat16)
+  carry = jnp.asarray(rng.normal(size=(3, VOCAB)), jnp.float32)
+  eligible = jnp.asarray(rng.random((3, width)) < density)
+  config = config_lib.DenoiseConfig(mask_token_id=VOCAB - 1, block_size=width,
+                                    alignment="shifted")
+  head = lambda h: h @ weight
+  # The cached loop's shifted logits: the carry, then slots 0..W-2's.
+  aligned = lambda h: jnp.concatenate([carry[:, None], head(h)], axis=1)
+  want_p, want_lp = jax.jit(lambda h: transition.propose(
+      aligned(h), config))(hidden)
+  got_p, got_lp = jax.jit(lambda h, e: slot_head.propose_eligible(
+      head, h, e, config, carry=carry))(hidden, eligible)
+  e = np.asarray(eligible)
+  np.testing.assert_array_equal(np.asarray(got_p)[e], np.asarray(want_p)[e])
+  np.testing.assert_array_equal(np.asarray(got_lp)[e], np.asarray(want_lp)[e])
+
+
 def test_the_head_runs_on_the_fewest_static_slots_that_hold_every_row():
   counts = []
   head = lambda h: (counts.append(h.shape[1]),

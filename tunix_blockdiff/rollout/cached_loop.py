@@ -206,9 +206,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     """Active window only, against the cache and the fresh block.
 
     Returns the proposals (proposal int32 [B, W], log_prob float32 [B, W])
-    and the state. Same-position alignment runs the head and the proposals
-    on the eligible slots only (`slot_head`): a plain step commits nowhere
-    else.
+    and the state. The head and the proposals run on the eligible slots
+    only (`slot_head`): a plain step commits nowhere else.
     """
     tokens = kv_cache.row_slice(state.tokens, block_start, width)
     mask = jnp.broadcast_to(window_valid[:, None, :], (batch, width, width))
@@ -217,15 +216,12 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
         (state.fresh,
          jnp.broadcast_to(state.fresh_valid[:, None], (batch, width))),
     ]
-    if shifted:
-      logits, _, _ = call(tokens, block_start[:, None] + offsets[None, :],
-                          parts, mask, lambda x: x[:, :-1])
-      return transition.propose(align(logits, state.carry), config,
-                                noise), state
     proposals, _, _ = call(
-        tokens, block_start[:, None] + offsets[None, :], parts, mask, None,
+        tokens, block_start[:, None] + offsets[None, :], parts, mask,
+        (lambda x: x[:, :-1]) if shifted else None,
         lambda head, hidden: slot_head.propose_eligible(
-            head, hidden, eligible, config, noise))
+            head, hidden, eligible, config, noise,
+            state.carry if shifted else None))
     return proposals, state
 
   def fused_call(state, block_start, window_valid, pending, phase):

@@ -8,7 +8,8 @@ yet the head and the proposals' passes over the vocabulary ran on all 16
 passes in an 8.3 ms call, at the FLOP roof). `propose_eligible` runs them
 on the eligible slots alone, gathered first, rounded up to one of a few
 static counts (`sizes`: quarters of the window), chosen per step by a
-`lax.switch` on the most any row needs.
+`lax.switch` on the most any row needs. Under the shifted alignment a
+slot's logits are those of the slot before it (the first slot's carried).
 
 The proposals of the eligible slots are those of `transition.propose` on
 the full window (each slot's logits are its own row of the head's product);
@@ -37,22 +38,29 @@ def propose_eligible(
     eligible: jax.Array,
     config: config_lib.DenoiseConfig,
     noise: jax.Array | None = None,
+    carry: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """`transition.propose` on the eligible slots of a window only.
 
   Args:
     head: The output head: [B, K, D] final hidden states to [B, K, V]
-      logits (same-position alignment: slot i's logits predict slot i).
-    hidden: [B, W, D] the window's final hidden states.
+      logits.
+    hidden: [B, W, D] the window's final hidden states (same-position
+      alignment: slot i's logits are the head of hidden state i); with
+      `carry`, [B, W - 1, D] those of slots 0..W-2 (shifted: slot i's are
+      the head of hidden state i - 1).
     eligible: bool [B, W] the slots that may commit.
     config: The denoising config.
     noise: float32 [B, W, V] Gumbel noise, required when sampling.
+    carry: None (same-position), or float32 [B, V] slot 0's logits
+      (shifted alignment: those of the slot before the window).
 
   Returns:
     (proposal int32 [B, W], log_prob float32 [B, W]): `propose`'s values at
     the eligible slots; 0 and -inf elsewhere.
   """
-  batch, width, _ = hidden.shape
+  batch = hidden.shape[0]
+  width = hidden.shape[1] + (carry is not None)
   if eligible.shape != (batch, width):
     raise ValueError(f"eligible must be [{batch}, {width}], got"
                      f" {eligible.shape}")
@@ -66,10 +74,19 @@ def propose_eligible(
   def on(count: int):
     def run(hidden, noise):
       picked = order[:, :count]
-      rows = jnp.take_along_axis(hidden, picked[..., None], axis=1)
+      if carry is not None and hidden.shape[1] == 0:  # a 1-slot window
+        logits = jnp.broadcast_to(carry[:, None], (batch, count,
+                                                   carry.shape[-1]))
+      else:
+        source = picked if carry is None else jnp.maximum(picked - 1, 0)
+        logits = head(jnp.take_along_axis(hidden, source[..., None],
+                                          axis=1))
+      if carry is not None:  # as `align`'s concatenation: float32
+        logits = jnp.where((picked == 0)[..., None], carry[:, None, :],
+                           logits)
       if noise is not None:
         noise = jnp.take_along_axis(noise, picked[..., None], axis=1)
-      proposal, log_prob = transition.propose(head(rows), config, noise)
+      proposal, log_prob = transition.propose(logits, config, noise)
       # Back to window slots by selects (no per-row scatter); a picked slot
       # that is not eligible (a row with fewer) is dropped.
       hit = (picked[:, :, None] == slot[None, None, :]) & jnp.take_along_axis(
