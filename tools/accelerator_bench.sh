@@ -2,7 +2,8 @@
 # The accelerator checks, in one pass, on a GPU or a TPU: generation at real
 # sizes (Tunix's Sampler against the cached generate, with a floor), the
 # cached loop in 4 phases against 1 (generation_phases), rows in lockstep
-# (generation_lockstep), the Pallas cache read (generation_ragged), its per-op
+# (generation_lockstep), the Pallas cache read (generation_ragged, and alone
+# against XLA's attention: cache_kernel), its per-op
 # profile at batch 128, the SFT step at a real size (Splash on a
 # TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
 # 4 x 4096, the notebooks' code (benchmarks/notebooks.py), then the
@@ -39,7 +40,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases generation_lockstep generation_ragged profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases generation_lockstep generation_ragged cache_kernel profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -66,6 +67,11 @@ for name in $all; do
       --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedules b4s1 \
       --cache-phases 4 --ragged-cache 0,1 --raw-calls 0 --repeats 2 \
       --json "$out/generation_ragged.json"
+  elif [[ $name == cache_kernel ]]; then
+    # The Pallas cache read alone against XLA's, at Qwen3-0.6B's shapes.
+    step cache_kernel 300 python3 benchmarks/cache_kernel.py \
+      --slots 336 --chunks auto,48 --row-blocks 8 \
+      --json "$out/cache_kernel.json"
   elif [[ $name == profile_generation ]]; then
     step profile_generation 240 python3 benchmarks/profile_generation.py \
       --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedule b4s1 \
