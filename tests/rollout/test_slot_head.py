@@ -93,9 +93,20 @@ def test_the_head_runs_on_the_fewest_static_slots_that_hold_every_row():
   assert counts == [4, 8, 12, 16]  # one branch per static count
   conds = [q for q in jaxpr.jaxpr.eqns if q.primitive.name == "cond"]
   assert len(conds) == 1 and len(conds[0].params["branches"]) == 4
-  # 5 eligible slots take the 8-slot branch.
-  index = jnp.sum(jnp.max(jnp.sum(eligible, 1)) > jnp.asarray([4, 8, 12]))
-  assert int(index) == 1
+  # The branch taken: a head whose proposal is the number of slots it ran
+  # on. 5 eligible slots (the most in any row) take the 8-slot branch; 4
+  # take the 4-slot one, none the smallest.
+  by_count = lambda h: jax.nn.one_hot(jnp.full(h.shape[:2], h.shape[1]),
+                                      32) * 10.0
+  wide = config_lib.DenoiseConfig(mask_token_id=31, block_size=16)
+  run = jax.jit(lambda e: slot_head.propose_eligible(
+      by_count, jnp.zeros((2, 16, DIM)), e, wide)[0])
+  for eligible, want in [(eligible, 8), (eligible.at[0, 7].set(False), 4),
+                         (eligible.at[1, :13].set(True), 16)]:
+    proposal = np.asarray(run(eligible))
+    e = np.asarray(eligible)
+    assert np.all(proposal[e] == want), (want, proposal[e])
+  assert np.all(np.asarray(run(jnp.zeros((2, 16), bool))) == 0)
 
 
 def test_an_eligible_mask_of_the_wrong_shape_is_refused():
