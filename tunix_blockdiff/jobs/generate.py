@@ -20,7 +20,8 @@ Keys (omegaconf dotlist):
                        steps when rows fall out of phase; greedy outputs
                        unchanged)
   ragged_cache=false   read the cache with the Pallas kernel that fetches
-                       only the slots in use (TPU; interpret mode elsewhere)
+                       only the slots in use (TPU; interpret mode elsewhere;
+                       slower than the default on a v5e)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)

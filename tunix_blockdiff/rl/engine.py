@@ -118,7 +118,8 @@ class BlockDiffusionRollout(
         phase; the trace's commit steps count each row's own steps, so the
         scorer's likelihood is unchanged.
       ragged_cache: The cached driver reads its cache with the Pallas kernel
-        that fetches only the slots in use (`generate(ragged_cache=)`).
+        that fetches only the slots in use (`generate(ragged_cache=)`;
+        slower than the default on a TPU v5e).
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
       attention: The attention of the trajectory scorer (`score`,

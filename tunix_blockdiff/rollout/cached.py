@@ -216,7 +216,10 @@ def generate(
       fetches only the chunks of slots each block of 8 rows uses, with a
       float32 online softmax, instead of every slot at every step. The same
       outputs as the default up to the softmax's rounding (near-ties
-      aside). The batch must be at most 8 rows or a multiple of 8.
+      aside). The batch must be at most 8 rows or a multiple of 8. Slower
+      than the default on a TPU v5e (`benchmarks/cache_kernel.py`: 14.6
+      against 8.3 ms for every layer's read at batch 128), so off by
+      default.
       `benchmarks/generation.py --ragged-cache 0,1` times it.
 
   Returns:

@@ -63,6 +63,7 @@ from tunix_blockdiff.rollout import window_attention
 
 _State = cached_state.CachedState
 
+
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
                    cache_phases: int = 1, lockstep: bool = False,
                    ragged_cache: bool = False):

@@ -74,16 +74,16 @@ def propose_eligible(
   def on(count: int):
     def run(hidden, noise):
       picked = order[:, :count]
-      if carry is not None and hidden.shape[1] == 0:  # a 1-slot window
+      if carry is None:
+        logits = head(jnp.take_along_axis(hidden, picked[..., None], axis=1))
+      elif hidden.shape[1] == 0:  # a 1-slot window: the carry alone
         logits = jnp.broadcast_to(carry[:, None], (batch, count,
                                                    carry.shape[-1]))
-      else:
-        source = picked if carry is None else jnp.maximum(picked - 1, 0)
-        logits = head(jnp.take_along_axis(hidden, source[..., None],
-                                          axis=1))
-      if carry is not None:  # as `align`'s concatenation: float32
+      else:  # slot i from hidden i - 1, slot 0 the carry (float32, as the
+        # loop's concatenation gives them)
+        previous = jnp.maximum(picked - 1, 0)[..., None]
         logits = jnp.where((picked == 0)[..., None], carry[:, None, :],
-                           logits)
+                           head(jnp.take_along_axis(hidden, previous, axis=1)))
       if noise is not None:
         noise = jnp.take_along_axis(noise, picked[..., None], axis=1)
       proposal, log_prob = transition.propose(logits, config, noise)

@@ -23,8 +23,8 @@ keys).
 Families: Qwen3, Qwen2, Llama3, Gemma3 (Tunix 0.1.7's attention code,
 mirrored up to its cache write; `window_families`). Gemma3's sliding
 window is not applied: `kv_cache.check_model_for_cache` admits only calls
-that the window does not cut. Shapes: B batch, T window slots, S cache slots, N query heads,
-K key heads, H head dim, L layers, V vocabulary.
+that the window does not cut. Shapes: B batch, T window slots, S cache
+slots, N query heads, K key heads, H head dim, L layers, V vocabulary.
 """
 
 from __future__ import annotations
@@ -227,10 +227,10 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None,
 
   Returns:
     (logits [B, T', V] in the head's dtype, or what `head_apply` returns;
-    keys [B, T, K, H] per layer, values likewise). The logits are not cast to float32: the view's head
-    runs apart from the model (`head.headless`), so Qwen2's and Qwen3's own
-    cast of their logits to float32 (exact, so the values are the same)
-    is skipped too. The driver's reductions over the vocabulary read them
+    keys [B, T, K, H] per layer, values likewise). The logits are not cast
+    to float32: the view's head runs apart from the model
+    (`head.headless`), so Qwen2's and Qwen3's own cast of their logits to
+    float32 (exact, so the values are the same) is skipped too. The driver's reductions over the vocabulary read them
     in the model's dtype and compute in float32: a bf16 model's logits are
     written and read at half the bytes (Qwen3-0.6B, batch 128, block 4: a
     float32 [128, 4, 151936] buffer written and read twice a step).
