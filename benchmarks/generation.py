@@ -22,6 +22,10 @@ and at every batch size, side by side in one process:
 * `--ragged-cache 0,1`: each also reading the cache with the Pallas kernel
   that fetches only the slots in use (`generate(ragged_cache=)`; interpret
   mode, so slow, off a TPU).
+* `--fused-head 0,1`: each also taking the greedy proposals from the Pallas
+  kernel that runs the head a vocabulary tile at a time, never writing the
+  logits (`generate(fused_head=)`); the row's `agree` is the share of its
+  tokens equal to the same program's without it.
 
 Each program is compiled by a warm-up call and timed as the median of
 `--repeats` calls. The table gives the whole call, the prefill, the model
@@ -233,7 +237,6 @@ def prefill_seconds(model, tokens, block: int, repeats: int) -> float:
   batch, width = tokens.shape
   length = (width // block) * block
   graphdef, state = nnx.split(model)
-  dtype = kv_cache.activation_dtype(model)
 
   @jax.jit
   def prefill(state, tokens):
@@ -285,9 +288,11 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
                                       peak=peak)))
   _progress(rows[-1])
 
-  for name, phases, lockstep, ragged in [
-      (n, p, lock, r) for n in args.schedules for p in args.cache_phases
-      for lock in args.lockstep for r in args.ragged_cache]:
+  plain_tokens = {}
+  for name, phases, lockstep, ragged, fused in [
+      (n, p, lock, r, f) for n in args.schedules for p in args.cache_phases
+      for lock in args.lockstep for r in args.ragged_cache
+      for f in args.fused_head]:
     schedule = SCHEDULES[name]
     block = schedule["block_size"]
     denoise_config = config_lib.DenoiseConfig(mask_token_id=mask_id, **schedule)
@@ -295,11 +300,17 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
         lambda c=denoise_config: cached.generate(
             model, tokens, lengths, c, max_new_tokens=new,
             cache_phases=phases, lockstep=lockstep,
-            ragged_cache=ragged).tokens,
+            ragged_cache=ragged, fused_head=fused).tokens,
         args.repeats)
     result = cached.generate(model, tokens, lengths, denoise_config,
                              max_new_tokens=new, cache_phases=phases,
-                             lockstep=lockstep, ragged_cache=ragged)
+                             lockstep=lockstep, ragged_cache=ragged,
+                             fused_head=fused)
+    same = (name, phases, lockstep, ragged)
+    if not fused:
+      plain_tokens[same] = np.asarray(result.tokens)
+    agree = ({} if not fused or same not in plain_tokens else dict(agree=float(np.mean(
+        np.asarray(result.tokens) == plain_tokens[same]))))
     calls = int(result.num_steps)
     prefill = prefill_seconds(model, tokens, block, args.repeats)
     call = (total - prefill) / calls
@@ -324,11 +335,12 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
         batch=batch,
         program="generate" + (f", {phases} cache phases" if phases > 1 else "")
         + (", lockstep" if lockstep else "")
-        + (", ragged cache" if ragged else ""),
+        + (", ragged cache" if ragged else "")
+        + (", fused head" if fused else ""),
         schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
-        speedup=ar_total / total, floor_ms=1e3 * floor, **raw))
+        speedup=ar_total / total, floor_ms=1e3 * floor, **raw, **agree))
     _progress(rows[-1])
     del out
   return rows
@@ -350,8 +362,10 @@ def format_table(rows: list[dict]) -> str:
     raw = (f"{r['raw_call_ms_w']:.2f} / {r['raw_call_ms_2w']:.2f}"
            if "raw_call_ms_w" in r else "-")
     write = f"{r['write_ms']:.2f}" if "write_ms" in r else "-"
+    agree = (f" ({100 * r['agree']:.1f}% same tokens)" if "agree" in r
+             else "")
     lines.append(
-        f"| {r['batch']} | {r['program']} | {r['schedule']} |"
+        f"| {r['batch']} | {r['program']}{agree} | {r['schedule']} |"
         f" {r['seconds']:.3f} | {1e3 * r['prefill_s']:.1f} | {r['calls']} |"
         f" {r['ms_per_call']:.2f} | {raw} | {write} | {r['floor_ms']:.2f} |"
         f" {r['ms_per_call'] / r['floor_ms']:.2f} |"
@@ -382,6 +396,9 @@ def main(argv=None) -> int:
   parser.add_argument("--ragged-cache", default="0",
                       help="comma-separated 0/1: `generate(ragged_cache=)`,"
                       " each timed")
+  parser.add_argument("--fused-head", default="0",
+                      help="comma-separated 0/1: `generate(fused_head=)`,"
+                      " each timed")
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args(argv)
   args.schedules = args.schedules.split(",")
@@ -394,7 +411,7 @@ def main(argv=None) -> int:
     parser.error(f"--cache-phases: integers, got {args.cache_phases!r}")
   if min(args.cache_phases) < 1:
     parser.error(f"--cache-phases: each >= 1, got {args.cache_phases}")
-  for flag in ("lockstep", "ragged_cache"):
+  for flag in ("lockstep", "ragged_cache", "fused_head"):
     values = getattr(args, flag).split(",")
     if set(values) - {"0", "1"}:
       parser.error(f"--{flag.replace('_', '-')}: 0 or 1 (comma-separated),"

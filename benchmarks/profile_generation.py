@@ -106,6 +106,8 @@ def main(argv=None) -> int:
                       help="generate(lockstep=True)")
   parser.add_argument("--ragged-cache", action="store_true",
                       help="generate(ragged_cache=True): the Pallas kernel")
+  parser.add_argument("--fused-head", action="store_true",
+                      help="generate(fused_head=True): the head kernel")
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--trace-dir", default=None,
                       help="keep the trace here (default: a temp dir)")
@@ -126,7 +128,8 @@ def main(argv=None) -> int:
                            max_new_tokens=args.new_tokens,
                            cache_phases=args.cache_phases,
                            lockstep=args.lockstep,
-                           ragged_cache=args.ragged_cache)
+                           ragged_cache=args.ragged_cache,
+                           fused_head=args.fused_head)
 
   result = jax.block_until_ready(run())  # compiles
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="profile_gen_")
@@ -142,7 +145,8 @@ def main(argv=None) -> int:
   print(f"{args.model} {args.dtype} batch {args.batch} {args.schedule}"
         f" cache_phases {args.cache_phases}"
         + (" lockstep" if args.lockstep else "")
-        + (" ragged_cache" if args.ragged_cache else "") + ":"
+        + (" ragged_cache" if args.ragged_cache else "")
+        + (" fused_head" if args.fused_head else "") + ":"
         f" {total:.1f} ms of device ops, {calls} model calls"
         f" ({total / calls:.2f} ms/call), {jax.devices()[0].device_kind}\n")
   print("| op | result | runs | ms | share | ms/call | source |")

@@ -64,13 +64,18 @@ def test_lockstep_and_kernel_rows_are_timed_and_bad_values_refused(
                          "8", "--prompt-width", "8", "--repeats", "1",
                          "--raw-calls", "0", "--schedules", "b4t0.9",
                          "--lockstep", "1", "--ragged-cache", "0,1",
+                         "--fused-head", "0,1",
                          "--json", str(out)]) == 0
   rows = json.loads(out.read_text())
   assert [r["program"] for r in rows] == [
       "tunix Sampler", "generate, lockstep",
-      "generate, lockstep, ragged cache"]
+      "generate, lockstep, fused head",
+      "generate, lockstep, ragged cache",
+      "generate, lockstep, ragged cache, fused head"]
   assert rows[1]["calls"] >= 2 and rows[1]["seconds"] > 0
-  for flag in ("--lockstep", "--ragged-cache"):
+  # The fused head's rows say how many tokens match their plain twin's.
+  assert "agree" not in rows[1] and rows[2]["agree"] == rows[4]["agree"] == 1
+  for flag in ("--lockstep", "--ragged-cache", "--fused-head"):
     with pytest.raises(SystemExit):
       _module().main(["--model", "tiny", flag, "yes"])
     assert flag in capsys.readouterr().err

@@ -76,13 +76,13 @@ def test_generate_restores_the_checkpoint_and_matches_generate(run_dir, capsys):
 def test_generate_custom_prompts(run_dir):
   out, _, _ = run_dir
   results = []
-  for phases, lockstep, ragged in ((1, "false", "false"), (3, "false", "false"),
-                                  (1, "true", "true")):
+  for phases, lockstep, kernels in ((1, "false", "false"),
+                                   (3, "false", "false"), (1, "true", "true")):
     assert cli.main([
         "generate", str(out), 'prompts=["rev 123>", "rev 9>"]',
         "max_new_tokens=5", "color=false", f"png={out / 'custom.png'}",
         f"cache_phases={phases}", f"lockstep={lockstep}",
-        f"ragged_cache={ragged}",
+        f"ragged_cache={kernels}", f"fused_head={kernels}",
     ]) == 0
     results.append(json.loads((out / "generate.json").read_text()))
   result = results[0]
@@ -90,8 +90,8 @@ def test_generate_custom_prompts(run_dir):
   assert result["exact_match"] is None
   assert len(result["tokens"][0]) == 5
   assert (out / "custom.png").is_file()
-  # The loop in phases, and in lockstep with the cache kernel: the same
-  # trajectory.
+  # The loop in phases, and in lockstep with the cache and head kernels: the
+  # same trajectory.
   for other in results[1:]:
     assert other["tokens"] == result["tokens"]
     assert other["commit_step"] == result["commit_step"]
@@ -126,6 +126,8 @@ def test_generate_errors(run_dir, tmp_path, capsys):
        "lockstep must be true or false"),
       (["generate", str(out), "ragged_cache=3"],
        "ragged_cache must be true or false"),
+      (["generate", str(out), "fused_head=1"],
+       "fused_head must be true or false"),
   ]:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

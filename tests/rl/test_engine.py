@@ -126,6 +126,13 @@ def test_lockstep_rollouts_are_scored_as_their_own_trace():
         rollout_actor=_engine().model(),
         tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
         rollout_config=ROLLOUT_CONFIG, block_size=4, lockstep="yes")
+  with pytest.raises(ValueError, match="fused_head=True needs the"
+                     " same_position alignment"):
+    engine_lib.BlockDiffusionRollout(
+        rollout_actor=_engine().model(),
+        tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
+        rollout_config=ROLLOUT_CONFIG, block_size=4, alignment="shifted",
+        fused_head=True)
 
 
 def test_per_token_logps_reproduce_the_rollouts_and_need_commit_steps():

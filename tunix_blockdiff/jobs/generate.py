@@ -22,6 +22,9 @@ Keys (omegaconf dotlist):
   ragged_cache=false   read the cache with the Pallas kernel that fetches
                        only the slots in use (TPU; interpret mode elsewhere;
                        slower than the default on a v5e)
+  fused_head=false     greedy proposals from the Pallas kernel that never
+                       writes the logits (TPU; interpret mode elsewhere;
+                       temperature 0, same_position alignment)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)
@@ -63,6 +66,7 @@ DEFAULTS = {
     "cache_phases": 1,
     "lockstep": False,
     "ragged_cache": False,
+    "fused_head": False,
     "temperature": 0.0,
     "max_new_tokens": None,
     "seed": 0,
@@ -275,7 +279,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
                                                   options.cache_phases)
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"generate: {e}") from None
-  for name in ("lockstep", "ragged_cache"):
+  for name in ("lockstep", "ragged_cache", "fused_head"):
     if not isinstance(options[name], bool):
       raise errors.UsageError(
           f"generate: {name} must be true or false, got {options[name]!r}")
@@ -293,6 +297,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
           cache_phases=cache_phases,
           lockstep=options.lockstep,
           ragged_cache=options.ragged_cache,
+          fused_head=options.fused_head,
       ),
       mesh,
       prompt_tokens,

@@ -91,11 +91,47 @@ class HeadlessView:
       self.head = self.model.lm_head
       object.__setattr__(self.model, "lm_head", identity)
 
+  def logits(self, hidden: jax.Array) -> jax.Array:
+    """The view's head on final hidden states [..., D] (cast to `dtype`)."""
+    return self.head(hidden.astype(self.dtype))
+
+
+def head_weight(view: HeadlessView) -> tuple[jax.Array, bool]:
+  """The view's head as a plain matrix: (weight, vocab_major).
+
+  A tied head decodes with the input embedding, [V, D] (`vocab_major`); a
+  linear head (`lm_head`, Tunix's `Einsum` 'BTD,DV->BTV') holds [D, V].
+  For a kernel that runs the head's product itself
+  (`rollout.head_kernel`). Raises ValueError for a head with LoRA weights
+  (its product is not the matrix's alone) or one of another form.
+  """
+  tied = _tied(view.model)
+  # The view's head: the embedder's bound `decode`, or the `lm_head` module
+  # (the view's own attributes are replaced by identities).
+  if tied:
+    module, name = getattr(view.head, "__self__", None), "input_embedding"
+  else:
+    module, name = view.head, "w"
+    if getattr(module, "einsum_str", "BTD,DV->BTV") != "BTD,DV->BTV":
+      raise ValueError(f"the output head's einsum {module.einsum_str!r} is"
+                       " not 'BTD,DV->BTV'")
+  if any(hasattr(module, name + suffix) for suffix in ("_lora_a", "_lora_b")):
+    raise ValueError("the output head has LoRA weights; a kernel over its"
+                     " plain matrix would leave them out")
+  param = getattr(module, name, None)
+  if param is None:
+    raise ValueError(f"{type(module).__name__} has no `{name}` matrix")
+  weight = getattr(param, "value", param)
+  if weight.ndim != 2:
+    raise ValueError(f"the output head's matrix must be 2-D, got"
+                     f" {weight.shape}")
+  return weight, tied
+
 
 def headless(model) -> HeadlessView:
   """`HeadlessView(model)`: the model returning hidden states, not logits."""
   return HeadlessView(model)
 
 
-__all__ = ["Head", "HeadlessView", "check_splittable", "headless",
-           "output_head"]
+__all__ = ["Head", "HeadlessView", "check_splittable", "head_weight",
+           "headless", "output_head"]

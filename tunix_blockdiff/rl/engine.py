@@ -85,6 +85,7 @@ class BlockDiffusionRollout(
       cache_phases: int = 1,
       lockstep: bool = False,
       ragged_cache: bool = False,
+      fused_head: bool = False,
       seed: int = 0,
       attention: config_lib.AttentionConfig | None = None,
   ):
@@ -120,6 +121,10 @@ class BlockDiffusionRollout(
       ragged_cache: The cached driver reads its cache with the Pallas kernel
         that fetches only the slots in use (`generate(ragged_cache=)`;
         slower than the default on a TPU v5e).
+      fused_head: The cached driver's greedy proposals come from the Pallas
+        kernel that never writes the logits (`generate(fused_head=)`): greedy
+        calls only (a sampling `RolloutConfig` is then refused), the
+        same_position alignment and a head without LoRA weights.
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
       attention: The attention of the trajectory scorer (`score`,
@@ -165,9 +170,14 @@ class BlockDiffusionRollout(
     self._cache_phases = sampling.optional_positive_int(
         "cache_phases", cache_phases) or 1
     sampling.check_cached_modes(use_cache, lockstep=lockstep,
-                                ragged_cache=ragged_cache)
+                                ragged_cache=ragged_cache,
+                                fused_head=fused_head)
+    if fused_head and alignment != "same_position":
+      raise ValueError("fused_head=True needs the same_position alignment,"
+                       f" got {alignment!r}")
     self._lockstep = lockstep
     self._ragged_cache = ragged_cache
+    self._fused_head = fused_head
     self._init_engine(seed)
     self._train_rollout_config = rollout_config
 
@@ -262,6 +272,7 @@ class BlockDiffusionRollout(
             cache_phases=self._cache_phases,
             lockstep=self._lockstep,
             ragged_cache=self._ragged_cache,
+            fused_head=self._fused_head,
         ),
         self.mesh,
         prompt_tokens,

@@ -80,14 +80,14 @@ def _program(model, graphdef, key, use_cache: bool):
   entry = per_model.get(key)
   if entry is not None and entry[0] == graphdef:
     return entry[1]
-  config, num_new, _, cache_phases, lockstep, ragged_cache = key
+  config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head = key
 
   def run(state, prompt_tokens, lengths, rng):
     merged = nnx.merge(graphdef, state)
     if use_cache:
       return cached_loop.cached_program(merged, prompt_tokens, lengths, rng,
                                         config, num_new, cache_phases,
-                                        lockstep, ragged_cache)
+                                        lockstep, ragged_cache, fused_head)
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
                               num_new)
 
@@ -99,6 +99,7 @@ def _program(model, graphdef, key, use_cache: bool):
 def _check_generate_inputs(
     prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
     cache_phases=1, lockstep=False, use_cache=True, ragged_cache=False,
+    fused_head=False,
 ):
   if not isinstance(config, config_lib.DenoiseConfig):
     raise TypeError(
@@ -106,7 +107,14 @@ def _check_generate_inputs(
     )
   sampling.optional_positive_int("cache_phases", cache_phases)
   sampling.check_cached_modes(use_cache, lockstep=lockstep,
-                              ragged_cache=ragged_cache)
+                              ragged_cache=ragged_cache,
+                              fused_head=fused_head)
+  if fused_head and (config.temperature > 0
+                     or config.alignment != "same_position"):
+    raise ValueError(
+        "fused_head=True needs greedy proposals (temperature 0) and the"
+        f" same_position alignment, got temperature {config.temperature} and"
+        f" alignment {config.alignment!r}")
   if isinstance(max_new_tokens, bool) or not isinstance(
       max_new_tokens, numbers.Integral
   ):
@@ -168,6 +176,7 @@ def generate(
     cache_phases: int = 1,
     lockstep: bool = False,
     ragged_cache: bool = False,
+    fused_head: bool = False,
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
@@ -221,6 +230,14 @@ def generate(
       against 8.3 ms for every layer's read at batch 128), so off by
       default.
       `benchmarks/generation.py --ragged-cache 0,1` times it.
+    fused_head: The cached driver's greedy proposals come from a Pallas
+      kernel (`rollout.head_kernel`; interpret mode off a TPU) that runs the
+      output head a vocabulary tile at a time with an online argmax and
+      softmax, so the [B, W, V] logits are never written and read back.
+      The same proposals up to the rounding of the head's product, log-probs
+      to float32 rounding. Needs temperature 0, the same_position alignment
+      and a head without LoRA weights (`head.head_weight`).
+      `benchmarks/generation.py --fused-head 0,1` times it.
 
   Returns:
     `GenerationResult` (completion tokens, commit steps and log-probs [B, N],
@@ -228,7 +245,7 @@ def generate(
   """
   prompt_tokens, prompt_lengths = _check_generate_inputs(
       prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
-      cache_phases, lockstep, use_cache, ragged_cache,
+      cache_phases, lockstep, use_cache, ragged_cache, fused_head,
   )
   if use_cache:
     kv_cache.check_model_for_cache(
@@ -238,6 +255,7 @@ def generate(
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
   key = (config, int(max_new_tokens), bool(use_cache),
-         int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache)
+         int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache,
+         fused_head)
   program = _program(model, graphdef, key, use_cache)
   return program(state, prompt_tokens, prompt_lengths, rng)

@@ -55,6 +55,7 @@ import jax.numpy as jnp
 
 from tunix_blockdiff import models
 from tunix_blockdiff.rollout import cached_state
+from tunix_blockdiff.rollout import head_kernel
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
 from tunix_blockdiff.rollout import slot_head
@@ -66,7 +67,7 @@ _State = cached_state.CachedState
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
                    cache_phases: int = 1, lockstep: bool = False,
-                   ragged_cache: bool = False):
+                   ragged_cache: bool = False, fused_head: bool = False):
   """Traced body of the cached `generate`; see the module docstring.
 
   `cache_phases` > 1 splits the loop into that many phases, each reading
@@ -89,6 +90,10 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   slots that each block of rows uses, float32 online softmax) instead of
   every slot of the segments: the same outputs up to the rounding of the
   softmax (near-ties aside).
+
+  `fused_head` (greedy, same-position alignment) gets each step's proposals
+  from `head_kernel`, which never writes the logits: the same proposals up
+  to the rounding of the head's product, log-probs to float32 rounding.
   """
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
@@ -203,6 +208,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
       return raw_logits
     return jnp.concatenate([carry[:, None], raw_logits], axis=1)
 
+  def kernel_head(view):
+    """`head_kernel`'s greedy proposals from hidden states, or None."""
+    if not fused_head:
+      return None
+    return lambda hidden: head_kernel.greedy_proposals(
+        view, hidden, mask_token_id=config.mask_token_id)
+
   def plain_call(state, block_start, window_valid, eligible, noise, phase):
     """Active window only, against the cache and the fresh block.
 
@@ -220,9 +232,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     proposals, _, _ = call(
         tokens, block_start[:, None] + offsets[None, :], parts, mask,
         (lambda x: x[:, :-1]) if shifted else None,
-        lambda head, hidden: slot_head.propose_eligible(
-            head, hidden, eligible, config, noise,
-            state.carry if shifted else None))
+        lambda view, hidden: slot_head.propose_eligible(
+            view.logits, hidden, eligible, config, noise,
+            state.carry if shifted else None, kernel_head(view)))
     return proposals, state
 
   def fused_call(state, block_start, window_valid, pending, phase):
@@ -255,7 +267,9 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     first = width - 1 if shifted else width
     logits, keys, values = call(
         tokens, call_positions, cached(cache, state.written, phase),
-        mask, lambda x: x[:, first:first + width])
+        mask, lambda x: x[:, first:first + width],
+        (lambda view, hidden: kernel_head(view)(hidden)) if fused_head
+        else None)  # then (proposal, log_prob) in place of the logits
     carry = state.carry
     if shifted:
       carry = jnp.where(pending[:, None], logits[:, 0].astype(jnp.float32),
@@ -297,7 +311,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
     if fused:
       logits, state = fused_call(state, block_start, window_valid, pending,
                                  phase)
-      proposal, log_prob = transition.propose(logits, config, noise)
+      proposal, log_prob = (logits if fused_head else
+                            transition.propose(logits, config, noise))
     else:
       (proposal, log_prob), state = plain_call(
           state, block_start, window_valid, eligible, noise, phase)

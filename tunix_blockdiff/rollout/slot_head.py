@@ -26,6 +26,9 @@ import jax.numpy as jnp
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rollout import transition
 
+# Final hidden states [B, K, D] -> greedy (proposal, log_prob) [B, K].
+Proposer = Callable[[jax.Array], tuple[jax.Array, jax.Array]]
+
 
 def sizes(width: int) -> tuple[int, ...]:
   """The static slot counts the head may run on: W/4, W/2, 3W/4, W, up."""
@@ -39,6 +42,7 @@ def propose_eligible(
     config: config_lib.DenoiseConfig,
     noise: jax.Array | None = None,
     carry: jax.Array | None = None,
+    proposer: Proposer | None = None,
 ) -> tuple[jax.Array, jax.Array]:
   """`transition.propose` on the eligible slots of a window only.
 
@@ -54,6 +58,10 @@ def propose_eligible(
     noise: float32 [B, W, V] Gumbel noise, required when sampling.
     carry: None (same-position), or float32 [B, V] slot 0's logits
       (shifted alignment: those of the slot before the window).
+    proposer: None, or a function from final hidden states [B, K, D] to
+      `propose`'s greedy (proposal, log_prob) [B, K] of their logits, in
+      place of `head` and `propose` (`head_kernel.greedy_proposals`):
+      same-position alignment and temperature 0 only.
 
   Returns:
     (proposal int32 [B, W], log_prob float32 [B, W]): `propose`'s values at
@@ -64,6 +72,9 @@ def propose_eligible(
   if eligible.shape != (batch, width):
     raise ValueError(f"eligible must be [{batch}, {width}], got"
                      f" {eligible.shape}")
+  if proposer is not None and (carry is not None or config.temperature > 0):
+    raise ValueError("proposer needs the same-position alignment and"
+                     " temperature 0")
   options = sizes(width)
   need = jnp.max(jnp.sum(eligible, axis=1))
   branch = jnp.sum(need > jnp.asarray(options[:-1], jnp.int32))
@@ -74,7 +85,9 @@ def propose_eligible(
   def on(count: int):
     def run(hidden, noise):
       picked = order[:, :count]
-      if carry is None:
+      if proposer is not None:
+        logits = None
+      elif carry is None:
         logits = head(jnp.take_along_axis(hidden, picked[..., None], axis=1))
       elif hidden.shape[1] == 0:  # a 1-slot window: the carry alone
         logits = jnp.broadcast_to(carry[:, None], (batch, count,
@@ -86,7 +99,11 @@ def propose_eligible(
                            head(jnp.take_along_axis(hidden, previous, axis=1)))
       if noise is not None:
         noise = jnp.take_along_axis(noise, picked[..., None], axis=1)
-      proposal, log_prob = transition.propose(logits, config, noise)
+      if proposer is not None:
+        proposal, log_prob = proposer(
+            jnp.take_along_axis(hidden, picked[..., None], axis=1))
+      else:
+        proposal, log_prob = transition.propose(logits, config, noise)
       # Back to window slots by selects (no per-row scatter); a picked slot
       # that is not eligible (a row with fewer) is dropped.
       hit = (picked[:, :, None] == slot[None, None, :]) & jnp.take_along_axis(
@@ -100,4 +117,4 @@ def propose_eligible(
   return jax.lax.switch(branch, [on(c) for c in options], hidden, noise)
 
 
-__all__ = ["propose_eligible", "sizes"]
+__all__ = ["Proposer", "propose_eligible", "sizes"]

@@ -220,10 +220,11 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None,
     window_mask: bool [B, T, T] window slot q attends window slot k.
     pick: None (logits of every slot), or a function from the final hidden
       states [B, T, D] to the slots whose logits are wanted [B, T', D].
-    head_apply: None, or a function of (the output head, a function from
-      final hidden states [B, K, D] to logits [B, K, V]; the picked final
-      hidden states [B, T', D]) whose result replaces the logits (e.g. the
-      head on some slots only, `slot_head.propose_eligible`).
+    head_apply: None, or a function of (the model's `head.HeadlessView`,
+      whose `logits` maps final hidden states [B, K, D] to logits [B, K, V];
+      the picked final hidden states [B, T', D]) whose result replaces the
+      logits (e.g. the head on some slots only,
+      `slot_head.propose_eligible`).
 
   Returns:
     (logits [B, T', V] in the head's dtype, or what `head_apply` returns;
@@ -251,8 +252,8 @@ def window_call(model, tokens, positions, parts, window_mask, pick=None,
       } for i in range(len(view.layers))
   }
   hidden, out = view(tokens, positions, layer_caches, window_mask)
-  head = lambda h: headless.head(h.astype(headless.dtype))
-  logits = head(hidden) if head_apply is None else head_apply(head, hidden)
+  logits = (headless.logits(hidden) if head_apply is None else
+            head_apply(headless, hidden))
   names = [f"layer_{i}" for i in range(len(view.layers))]
   return (logits, [out[n]["k"] for n in names],
           [out[n]["v"] for n in names])

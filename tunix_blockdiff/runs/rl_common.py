@@ -145,6 +145,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       cache_phases=cfg.rollout.get("cache_phases"),
       lockstep=cfg.rollout.get("lockstep", False),
       ragged_cache=cfg.rollout.get("ragged_cache", False),
+      fused_head=cfg.rollout.get("fused_head", False),
       seed=int(cfg.seed),
       attention=attention,
   )
