@@ -3,7 +3,8 @@
 # sizes (Tunix's Sampler against the cached generate, with a floor), the
 # cached loop in 4 phases against 1 (generation_phases), rows in lockstep
 # (generation_lockstep), the Pallas cache read (generation_ragged, and alone
-# against XLA's attention: cache_kernel), its per-op
+# against XLA's attention: cache_kernel), the fused greedy head (alone:
+# head_kernel; in generate: generation_fused_head), its per-op
 # profile at batch 128, the SFT step at a real size (Splash on a
 # TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
 # 4 x 4096, the notebooks' code (benchmarks/notebooks.py), then the
@@ -40,7 +41,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases generation_lockstep generation_ragged cache_kernel profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases generation_lockstep generation_ragged cache_kernel generation_fused_head head_kernel profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -72,6 +73,16 @@ for name in $all; do
     step cache_kernel 300 python3 benchmarks/cache_kernel.py \
       --slots 336 --chunks auto,48 --row-blocks 8 \
       --json "$out/cache_kernel.json"
+  elif [[ $name == generation_fused_head ]]; then
+    # Greedy proposals without the logits (generate(fused_head=)), lockstep.
+    step generation_fused_head 540 python3 benchmarks/generation.py \
+      --model qwen3_0p6b --dtype bfloat16 --batch 32 --schedules b16s4 \
+      --cache-phases 4 --lockstep 1 --fused-head 0,1 --raw-calls 0 \
+      --repeats 2 --json "$out/generation_fused_head.json"
+  elif [[ $name == head_kernel ]]; then
+    # The fused head alone against XLA's head and passes (Qwen3-0.6B's).
+    step head_kernel 240 python3 benchmarks/head_kernel.py \
+      --json "$out/head_kernel.json"
   elif [[ $name == profile_generation ]]; then
     step profile_generation 240 python3 benchmarks/profile_generation.py \
       --model qwen3_0p6b --dtype bfloat16 --batch 128 --schedule b4s1 \
