@@ -233,7 +233,7 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   name, config, lengths = CASES[case]
   model = _model(name)
   prompts, lengths = _prompts(lengths)
-  key = (config, NEW_TOKENS, True, 1, False, False)
+  key = (config, NEW_TOKENS, True, 1, False, False, False)
   program = cached._PROGRAMS[model][key][1]
   # New prompts, same shapes: no retrace.
   other = cached.generate(
