@@ -31,9 +31,11 @@ from tunix_blockdiff.runs import model_setup
 VOCAB, MASK = 48, 47
 
 
-@settings(max_examples=12, deadline=None)
-@given(seed=st.integers(0, 10_000), rows=st.integers(1, 40),
-       vocab=st.sampled_from([128, 200, 300, 517]),
+# Few shapes (each compiles the kernel anew); the values and the mask token
+# vary freely.
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 10_000), rows=st.sampled_from([3, 37]),
+       vocab=st.sampled_from([128, 517]),
        vocab_major=st.booleans(), bf16=st.booleans(),
        mask=st.integers(0, 127))
 def test_greedy_head_is_propose_on_the_head_s_logits(seed, rows, vocab,
