@@ -30,6 +30,32 @@ from tunix_blockdiff.runs import model_setup
 STREAMS = ("single", "clean_prefix", "two_stream")
 
 
+def training_config(args) -> peft_trainer.TrainingConfig:
+  """Every step's `TrainingConfig`: `--micro-batch` rows a call, the
+  gradients of the batch's calls accumulated (Tunix's
+  `gradient_accumulation_steps`, an `optax.MultiSteps` optimizer)."""
+  steps = args.batch // args.micro_batch if args.micro_batch else None
+  return peft_trainer.TrainingConfig(eval_every_n_steps=10**9,
+                                     gradient_accumulation_steps=steps)
+
+
+def accumulated(step, args):
+  """`step` over the batch's micro-batches in turn (the last call's output):
+  one optimizer update of the whole batch, as the trainer makes it."""
+  if not args.micro_batch or args.micro_batch == args.batch:
+    return step
+  size = args.micro_batch
+
+  def run(batch):
+    out = None
+    for i in range(args.batch // size):
+      out = step(jax.tree.map(lambda x, i=i: x[i * size:(i + 1) * size],
+                              batch))
+    return out
+
+  return run
+
+
 def make_model(args, flash: bool = False,
                remat: bool = False) -> qwen3_lib.Qwen3:
   """The model (`--model`, `--vocab`, `--dtype`).
@@ -116,7 +142,7 @@ def causal_step(args, examples):
   trainer = peft_trainer.PeftTrainer(
       make_model(args, flash=causal_flash(args), remat=True),
       optax.adamw(1e-4),
-      peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
+      training_config(args),
   )
   if args.head_chunk:
     trainer.with_loss_fn(chunked_causal_loss(args.head_chunk))
@@ -128,7 +154,7 @@ def causal_step(args, examples):
     nnx.update(module, jax.device_put(
         state, nnx.get_named_sharding(state, mesh)))
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
-  return step, batch
+  return accumulated(step, args), batch
 
 
 def chunked_causal_loss(chunk: int):
@@ -169,14 +195,14 @@ def diffusion_step(args, examples, stream):
   trainer = trainer_lib.BlockDiffusionTrainer(
       make_model(args),
       optax.adamw(1e-4),
-      peft_trainer.TrainingConfig(eval_every_n_steps=10**9),
+      training_config(args),
       dcfg,
       attention=attention_config(args),
       remat=args.remat,
       head_chunk=args.head_chunk,
   )
   step, _ = trainer.jit_train_and_eval_step(cache_nnx_graph=True)
-  return step, batch
+  return accumulated(step, args), batch
 
 
 def causal_loss_for(head_chunk=None):

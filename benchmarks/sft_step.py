@@ -37,7 +37,11 @@ activations in the backward pass (the trainer's `remat=`, and the same
 output head and loss N tokens at a time (the trainer's `head_chunk`; the
 causal step gets Tunix's next-token loss computed the same way,
 `chunked_causal_loss`), without which a real vocabulary's logits (and
-Tunix's one-hot of them) fill the chip at batch 4 x 2048. `--sequential`
+Tunix's one-hot of them) fill the chip at batch 4 x 2048. `--micro-batch M`
+makes every step one optimizer update of the batch from `--batch / M`
+calls of M rows, their gradients accumulated (Tunix's
+`gradient_accumulation_steps`): a batch that does not fit at once, without
+recomputing activations. `--sequential`
 runs each program in its own process, so each reports its own peak.
 
     python benchmarks/sft_step.py                 # the README table
@@ -114,6 +118,9 @@ def main(argv=None) -> int:
                       help="every step's output head and loss run this many"
                       " tokens at a time (the trainer's head_chunk; the"
                       " causal step's next-token loss alike)")
+  parser.add_argument("--micro-batch", type=int, default=None,
+                      help="rows a call; the batch's gradients accumulated"
+                      " over --batch / M calls (must divide --batch)")
   parser.add_argument("--sequential", action="store_true",
                       help="build, time and free one program at a time, each"
                       " in its own process (a real size on one chip cannot"
@@ -126,6 +133,10 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   if args.head_chunk is not None and args.head_chunk < 1:
     parser.error("--head-chunk must be >= 1")
+  if args.micro_batch is not None and (
+      args.micro_batch < 1 or args.batch % args.micro_batch):
+    parser.error(f"--micro-batch must be >= 1 and divide --batch"
+                 f" {args.batch}, got {args.micro_batch}")
   streams = args.streams.split(",")
   for stream in streams:
     if stream not in STREAMS:
@@ -164,7 +175,9 @@ def _header(args, title: str | None = None) -> None:
 def _title(args) -> str:
   return (
       f"Qwen3 ({args.model}) {args.dtype}, vocab {args.vocab}; batch"
-      f" {args.batch} x {args.length} tokens, block {args.block}; remat"
+      f" {args.batch} x {args.length} tokens"
+      f"{f' ({args.micro_batch} a call)' if args.micro_batch else ''},"
+      f" block {args.block}; remat"
       f" {args.remat}; head chunk {args.head_chunk or 'off'}; attention"
       f" {args.attention}{f' (tile {args.tile})' if args.tile else ''}"
       f"{'' if causal_flash(args) or args.attention == 'dense' else ', the causal step dense (Tunix flash: TPU only)'};"

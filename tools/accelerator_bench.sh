@@ -6,8 +6,8 @@
 # against XLA's attention: cache_kernel), the fused greedy head (alone:
 # head_kernel; in generate: generation_fused_head), its per-op
 # profile at batch 128, the SFT step at a real size (Splash on a
-# TPU; SFT_STEP_ARGS overrides its shape) and the two-stream step at
-# 4 x 4096, the notebooks' code (benchmarks/notebooks.py), then the
+# TPU; SFT_STEP_ARGS overrides its shape), the two-stream step at
+# 4 x 4096 and at 4 x 2048 as 4 accumulated calls of 1 row, the notebooks' code (benchmarks/notebooks.py), then the
 # rollout, attention, SFT-step and DiffusionGemma-sampler benchmarks, then
 # (given a finished `benchmarks/convert_code.py --out RUN`) the converted
 # models re-timed against their AR peer by `benchmarks/convert_speed.py`.
@@ -41,7 +41,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases generation_lockstep generation_ragged cache_kernel generation_fused_head head_kernel profile_generation sft_step_real sft_step_long diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases generation_lockstep generation_ragged cache_kernel generation_fused_head head_kernel profile_generation sft_step_real sft_step_long sft_step_micro diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -98,6 +98,12 @@ for name in $all; do
       --model qwen3_0p6b --dtype bfloat16 --attention auto --sequential \
       --length 4096 --batch 4 --rounds 2 --head-chunk 1024 --remat decoder \
       --streams two_stream --no-causal
+  elif [[ $name == sft_step_micro ]]; then
+    # Batch 4 x 2048 as 4 accumulated calls of 1 row (no remat; issue 36).
+    step sft_step_micro 600 python3 benchmarks/sft_step.py \
+      --model qwen3_0p6b --dtype bfloat16 --attention auto --sequential \
+      --length 2048 --batch 4 --micro-batch 1 --rounds 3 --head-chunk 1024 \
+      --streams two_stream
   elif [[ $name == notebooks ]]; then
     # The three notebooks' code, each in one process (no Jupyter kernel:
     # the TPU refuses TCP), their default configuration: wall times.

@@ -4,6 +4,7 @@ The TPU figures come from `--model qwen3_0p6b --dtype bfloat16 --attention
 splash`; here the Splash variant runs in Pallas interpret mode, one round.
 """
 
+import argparse
 import pathlib
 import sys
 
@@ -17,6 +18,7 @@ from tunix_blockdiff.attention import masks
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]
                        / "benchmarks"))
 
+import _sft_programs  # noqa: E402  pylint: disable=g-import-not-at-top
 import _step_cost  # noqa: E402  pylint: disable=g-import-not-at-top
 import sft_step  # noqa: E402  pylint: disable=g-import-not-at-top
 
@@ -89,3 +91,28 @@ def test_a_program_that_does_not_fit_gets_an_out_of_memory_row():
   row = sft_step._row(args, "block diffusion, single", {"oom": True}, None)
   assert row.startswith("| block diffusion, single | out of memory |")
   assert row.count("|") == 11
+
+
+def test_micro_batches_split_the_batch_into_accumulated_calls(capsys):
+  args = argparse.Namespace(batch=6, micro_batch=2)
+  seen = []
+  step = _sft_programs.accumulated(
+      lambda b: seen.append(b["tokens"].tolist()) or len(seen), args)
+  assert step({"tokens": np.arange(6)}) == 3  # the last call's output
+  assert seen == [[0, 1], [2, 3], [4, 5]]
+  assert _sft_programs.training_config(args).gradient_accumulation_steps == 3
+  args.micro_batch = None
+  assert _sft_programs.training_config(
+      args).gradient_accumulation_steps is None
+  assert sft_step.main([
+      "--layers", "1", "--width", "64", "--heads", "2", "--vocab", "256",
+      "--length", "64", "--batch", "4", "--micro-batch", "2", "--rounds",
+      "1", "--streams", "two_stream"]) == 0
+  out = capsys.readouterr().out
+  assert "batch 4 x 64 tokens (2 a call)" in out
+  assert len([line for line in out.splitlines()
+              if line.startswith("| block diffusion, two_stream")]) == 1
+  with pytest.raises(SystemExit):
+    sft_step.main(["--batch", "4", "--micro-batch", "3"])
+  assert "--micro-batch must be >= 1 and divide --batch 4" in (
+      capsys.readouterr().err)
