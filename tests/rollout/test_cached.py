@@ -5,6 +5,7 @@ import importlib.util
 import pathlib
 import sys
 
+from flax import nnx
 import generations
 import jax
 import jax.numpy as jnp
@@ -234,7 +235,7 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   model = _model(name)
   prompts, lengths = _prompts(lengths)
   key = (config, NEW_TOKENS, True, 1, False, False, False)
-  program = cached._PROGRAMS[model][key][1]
+  program = cached._lookup(nnx.graphdef(model), key)
   # New prompts, same shapes: no retrace.
   other = cached.generate(
       model, prompts[::-1], lengths[::-1], config, max_new_tokens=NEW_TOKENS
@@ -253,6 +254,36 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
     head.value = original
   assert program._cache_size() == 1
   assert not np.array_equal(flipped.tokens, before.tokens)
+
+
+def test_another_model_of_the_same_architecture_reuses_the_program():
+  """The program is keyed by GraphDef: a new instance of the architecture
+  (other weights) traces nothing again; another architecture gets its own,
+  and the least recently used programs beyond the bound are dropped."""
+  config = config_lib.DenoiseConfig(block_size=BLOCK, mask_token_id=MASK,
+                                    steps_per_block=2)
+  prompts, lengths = _prompts([11, 5])
+  first, second = (tiny_models.tiny_qwen3(VOCAB, seed=s) for s in (7, 8))
+  key = (config, 6, True, 1, False, False, False)
+  a = cached.generate(first, prompts, lengths, config, max_new_tokens=6)
+  program = cached._lookup(nnx.graphdef(first), key)
+  b = cached.generate(second, prompts, lengths, config, max_new_tokens=6)
+  assert cached._lookup(nnx.graphdef(second), key) is program
+  assert program._cache_size() == 1
+  assert not np.array_equal(a.logprobs, b.logprobs)  # its own weights
+  # Its own output: the same as a program traced for it alone.
+  cached._PROGRAMS.clear()
+  alone = cached.generate(second, prompts, lengths, config, max_new_tokens=6)
+  generations.assert_same_generation(b, alone, logprob_atol=0)
+  wider = tiny_models.tiny_qwen3(VOCAB, seed=7, embed_dim=48)
+  cached.generate(wider, prompts, lengths, config, max_new_tokens=6)
+  assert cached._lookup(nnx.graphdef(wider), key) is not (
+      cached._lookup(nnx.graphdef(second), key))
+  # Bounded: after as many newer programs (made, not traced), it is gone.
+  for new in range(cached._MAX_PROGRAMS):
+    cached._program(nnx.graphdef(wider), (config, 100 + new) + key[2:], True)
+  assert len(cached._PROGRAMS) == cached._MAX_PROGRAMS
+  assert cached._lookup(nnx.graphdef(second), key) is None
 
 
 # The checks each case's results go through. One test per case keeps every

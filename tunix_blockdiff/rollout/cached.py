@@ -12,8 +12,8 @@ logits; both give the same tokens and commit steps. The pieces live in
 from __future__ import annotations
 
 import numbers
+import threading
 from typing import Any
-import weakref
 
 from flax import nnx
 import jax
@@ -68,18 +68,31 @@ def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new):
 # Public entry point.
 # ----------------------------------------------------------------------------
 
-# model -> {(config, shapes, use_cache): (graphdef, jitted program)}. Keyed by
-# the model object (never by its GraphDef, which is unhashable); the stored
-# GraphDef is compared on every call so a structurally changed model is
-# recompiled rather than merged into a stale graph.
-_PROGRAMS: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+# (key, GraphDef, jitted program), the least recently used first. The model's
+# parameters are the program's arguments, so one program serves every model
+# with an equal GraphDef (the same architecture and static settings: a new
+# instance, a reloaded policy, a test's fresh tiny model) without tracing the
+# loop again; a structurally changed model has another GraphDef and gets its
+# own. GraphDefs are unhashable, so they are compared, not hashed.
+_PROGRAMS: list[tuple[Any, Any, Any]] = []
+_MAX_PROGRAMS = 32
+_PROGRAMS_LOCK = threading.RLock()  # rollouts may run on other threads
 
 
-def _program(model, graphdef, key, use_cache: bool):
-  per_model = _PROGRAMS.setdefault(model, {})
-  entry = per_model.get(key)
-  if entry is not None and entry[0] == graphdef:
-    return entry[1]
+def _lookup(graphdef, key):
+  """The jitted program of (`graphdef`, `key`), or None; marks it recent."""
+  with _PROGRAMS_LOCK:
+    for i, (k, g, jitted) in enumerate(_PROGRAMS):
+      if k == key and g == graphdef:
+        _PROGRAMS.append(_PROGRAMS.pop(i))
+        return jitted
+  return None
+
+
+def _program(graphdef, key, use_cache: bool):
+  jitted = _lookup(graphdef, key)
+  if jitted is not None:
+    return jitted
   config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head = key
 
   def run(state, prompt_tokens, lengths, rng):
@@ -92,7 +105,9 @@ def _program(model, graphdef, key, use_cache: bool):
                               num_new)
 
   jitted = jax.jit(run)
-  per_model[key] = (graphdef, jitted)
+  with _PROGRAMS_LOCK:
+    _PROGRAMS.append((key, graphdef, jitted))
+    del _PROGRAMS[:-_MAX_PROGRAMS]
   return jitted
 
 
@@ -180,9 +195,11 @@ def generate(
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
-  The whole loop is one jitted program, compiled once per (model, config,
-  shapes, `use_cache`) and reused; the model's current parameters are passed
-  in on every call, so updated weights need no recompilation.
+  The whole loop is one jitted program, compiled once per (architecture,
+  config, shapes, modes) and reused: the model's current parameters are
+  passed in on every call, so updated weights need no recompilation, and
+  another model with an equal `nnx.GraphDef` (a new instance, a reloaded
+  checkpoint) reuses the program (the 32 most recent are kept).
 
   With `use_cache=True` each step runs the model on one block-wide window per
   row against the row's clean earlier blocks in the KV cache (see the module
@@ -257,5 +274,5 @@ def generate(
   key = (config, int(max_new_tokens), bool(use_cache),
          int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache,
          fused_head)
-  program = _program(model, graphdef, key, use_cache)
+  program = _program(graphdef, key, use_cache)
   return program(state, prompt_tokens, prompt_lengths, rng)
