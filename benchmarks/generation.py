@@ -309,8 +309,10 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
     same = (name, phases, lockstep, ragged)
     if not fused:
       plain_tokens[same] = np.asarray(result.tokens)
-    agree = ({} if not fused or same not in plain_tokens else dict(agree=float(np.mean(
-        np.asarray(result.tokens) == plain_tokens[same]))))
+    agree = {}
+    if fused and same in plain_tokens:
+      agree["agree"] = float(np.mean(np.asarray(result.tokens)
+                                     == plain_tokens[same]))
     calls = int(result.num_steps)
     prefill = prefill_seconds(model, tokens, block, args.repeats)
     call = (total - prefill) / calls

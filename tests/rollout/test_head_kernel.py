@@ -67,7 +67,7 @@ def test_ties_go_to_the_first_index_across_tiles():
                                       mask_token_id=mask, vocab_tile=128)
     np.testing.assert_array_equal(got, [first] * 3)
     np.testing.assert_allclose(lp, -np.log(299.0), rtol=1e-6)
-  # A maximum in the XLA tail beats an equal one... never: first wins.
+  # Equal maxima in the first tile and in the XLA tail: the first wins.
   weight = weight.at[290].set(2.0).at[10].set(2.0)
   got, _ = head_kernel.greedy_head(hidden, weight, vocab_major=True,
                                    mask_token_id=0, vocab_tile=128)

@@ -51,6 +51,15 @@ def _fold(m, a, s, m_new, a_new, s_new):
   return m_out, a_out, s_out
 
 
+def _head_logits(hidden, weight, vocab_major: bool, logits_dtype):
+  """float32 logits [N, T] of `hidden` [N, D] by a [T, D] or [D, T] weight,
+  rounded to the head's `logits_dtype` as the model returns them."""
+  contract = ((1,), (1,)) if vocab_major else ((1,), (0,))
+  logits = jax.lax.dot_general(hidden, weight, (contract, ((), ())),
+                               preferred_element_type=jnp.float32)
+  return logits.astype(logits_dtype).astype(jnp.float32)
+
+
 def _stats(logits, first_column: int | jax.Array, vocab: int,
            mask_token_id: int):
   """(max, first argmax as float32, sum exp) of float32 [N, T] logits."""
@@ -75,11 +84,7 @@ def _kernel(h_ref, w_ref, m_ref, a_ref, s_ref, *, tile, vocab, mask_token_id,
     a_ref[...] = jnp.zeros(a_ref.shape, jnp.float32)
     s_ref[...] = jnp.zeros(s_ref.shape, jnp.float32)
 
-  contract = ((1,), (1,)) if vocab_major else ((1,), (0,))
-  logits = jax.lax.dot_general(
-      h_ref[...], w_ref[...], (contract, ((), ())),
-      preferred_element_type=jnp.float32)
-  logits = logits.astype(logits_dtype).astype(jnp.float32)
+  logits = _head_logits(h_ref[...], w_ref[...], vocab_major, logits_dtype)
   m, a, s = _fold(m_ref[...], a_ref[...], s_ref[...],
                   *_stats(logits, j * tile, vocab, mask_token_id))
   m_ref[...] = m
@@ -124,8 +129,7 @@ def greedy_head(hidden: jax.Array, weight: jax.Array, *, vocab_major: bool,
   h = jnp.pad(hidden.astype(weight.dtype), ((0, padded - rows), (0, 0)))
   tiles = vocab // vocab_tile
   stat = jax.ShapeDtypeStruct((padded, 1), jnp.float32)
-  out = (-jnp.inf, 0.0, 0.0)
-  parts = []
+  parts = []  # (max, first argmax, sum of exp) of each part of the vocabulary
   if tiles:
     if vocab_major:
       w_spec = pl.BlockSpec((vocab_tile, width), lambda i, j: (j, 0))
@@ -150,13 +154,10 @@ def greedy_head(hidden: jax.Array, weight: jax.Array, *, vocab_major: bool,
   start = tiles * vocab_tile
   if start < vocab:  # the tail no whole tile covers, in XLA
     rest = weight[start:] if vocab_major else weight[:, start:]
-    contract = ((1,), (1,)) if vocab_major else ((1,), (0,))
-    logits = jax.lax.dot_general(h, rest, (contract, ((), ())),
-                                 preferred_element_type=jnp.float32)
-    logits = logits.astype(logits_dtype).astype(jnp.float32)
-    parts.append(_stats(logits, start, vocab, mask_token_id))
-  m, a, s = (jnp.full((padded, 1), v, jnp.float32) for v in out)
-  for part in parts:
+    parts.append(_stats(_head_logits(h, rest, vocab_major, logits_dtype),
+                        start, vocab, mask_token_id))
+  m, a, s = parts[0]
+  for part in parts[1:]:
     m, a, s = _fold(m, a, s, *part)
   proposal = a[:rows, 0].astype(jnp.int32)
   return proposal, -jnp.log(s[:rows, 0])

@@ -82,13 +82,25 @@ def propose_eligible(
   order = jnp.argsort(~eligible, axis=1, stable=True).astype(jnp.int32)
   slot = jnp.arange(width, dtype=jnp.int32)
 
+  def to_slots(proposal, log_prob, picked):
+    """[B, count] proposals back to window slots [B, W], by selects (no
+    per-row scatter); a picked slot that is not eligible (a row with fewer)
+    is dropped."""
+    hit = (picked[:, :, None] == slot[None, None, :]) & jnp.take_along_axis(
+        eligible, picked, axis=1)[:, :, None]  # [B, count, W]
+    return (jnp.sum(jnp.where(hit, proposal[..., None], 0), axis=1),
+            jnp.where(jnp.any(hit, axis=1),
+                      jnp.sum(jnp.where(hit, log_prob[..., None], 0.0),
+                              axis=1), -jnp.inf))
+
   def on(count: int):
     def run(hidden, noise):
       picked = order[:, :count]
-      if proposer is not None:
-        logits = None
-      elif carry is None:
-        logits = head(jnp.take_along_axis(hidden, picked[..., None], axis=1))
+      if carry is None:  # same-position: slot i's own hidden state
+        rows = jnp.take_along_axis(hidden, picked[..., None], axis=1)
+        if proposer is not None:  # greedy: no logits at all
+          return to_slots(*proposer(rows), picked)
+        logits = head(rows)
       elif hidden.shape[1] == 0:  # a 1-slot window: the carry alone
         logits = jnp.broadcast_to(carry[:, None], (batch, count,
                                                    carry.shape[-1]))
@@ -99,19 +111,7 @@ def propose_eligible(
                            head(jnp.take_along_axis(hidden, previous, axis=1)))
       if noise is not None:
         noise = jnp.take_along_axis(noise, picked[..., None], axis=1)
-      if proposer is not None:
-        proposal, log_prob = proposer(
-            jnp.take_along_axis(hidden, picked[..., None], axis=1))
-      else:
-        proposal, log_prob = transition.propose(logits, config, noise)
-      # Back to window slots by selects (no per-row scatter); a picked slot
-      # that is not eligible (a row with fewer) is dropped.
-      hit = (picked[:, :, None] == slot[None, None, :]) & jnp.take_along_axis(
-          eligible, picked, axis=1)[:, :, None]  # [B, count, W]
-      return (jnp.sum(jnp.where(hit, proposal[..., None], 0), axis=1),
-              jnp.where(jnp.any(hit, axis=1),
-                        jnp.sum(jnp.where(hit, log_prob[..., None], 0.0),
-                                axis=1), -jnp.inf))
+      return to_slots(*transition.propose(logits, config, noise), picked)
     return run
 
   return jax.lax.switch(branch, [on(c) for c in options], hidden, noise)
