@@ -193,6 +193,7 @@ _LONG_FIRST = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config, items):
   del config
 
@@ -202,3 +203,11 @@ def pytest_collection_modifyitems(config, items):
                 len(_LONG_FIRST))
 
   items.sort(key=rank)
+  # A module's tests share one worker (xdist's loadgroup), so its fixtures
+  # and the programs its tests trace, lower and compile are built once, not
+  # once in each worker. Explicit groups (session fixtures shared across
+  # modules) keep their own names.
+  for item in items:
+    if not any(item.iter_markers("xdist_group")):
+      item.add_marker(
+          pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
