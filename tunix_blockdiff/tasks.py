@@ -99,7 +99,7 @@ class Task:
 
 def _digits(rng: np.random.Generator, low: int, high: int) -> str:
   n = int(rng.integers(low, high + 1))
-  return "".join(str(d) for d in rng.integers(0, 10, size=n))
+  return "".join(map(str, rng.integers(0, 10, size=n).tolist()))
 
 
 def reverse_task(min_digits: int = 6, max_digits: int = 10) -> Task:

@@ -114,11 +114,11 @@ def _ids(name: str, value, where: str) -> np.ndarray:
         f"{where}: {name} must be a 1-D sequence of token ids, got"
         f" shape {array.shape}"
     )
-  if not np.issubdtype(array.dtype, np.integer):
+  if array.dtype.kind not in "iu":  # (np.issubdtype costs more than a check)
     raise TypeError(
         f"{where}: {name} must hold integer token ids, got dtype {array.dtype}"
     )
-  return array.astype(np.int64)
+  return array.astype(np.int64, copy=False)
 
 
 def validate_example(
@@ -165,18 +165,25 @@ def validate_example(
         f"{where} has {length} tokens (prompt {prompt.size} +"
         f" completion {completion.size}), longer than seq_len={seq_len}"
     )
-  for name, ids in (("prompt", prompt), ("completion", completion)):
-    bad = ids[(ids < 0) | (ids >= vocab_size)]
-    if bad.size:
-      raise ValueError(
-          f"{where}: {name} token id {int(bad[0])} is outside the"
-          f" vocabulary [0, {vocab_size})"
-      )
-    if mask_token_id is not None and np.any(ids == mask_token_id):
-      raise ValueError(
-          f"{where}: {name} contains the mask token id"
-          f" {mask_token_id}, which clean data must not use"
-      )
+  # One pass over both arrays (a dataset validates every example, and they
+  # are short, so numpy's per-call cost dominates); which array and which
+  # id is wrong is looked up only on failure.
+  both = np.concatenate([prompt, completion])
+  in_vocab = both.min() >= 0 and both.max() < vocab_size
+  has_mask = mask_token_id is not None and (both == mask_token_id).any()
+  if not in_vocab or has_mask:
+    for name, ids in (("prompt", prompt), ("completion", completion)):
+      bad = ids[(ids < 0) | (ids >= vocab_size)]
+      if bad.size:
+        raise ValueError(
+            f"{where}: {name} token id {int(bad[0])} is outside the"
+            f" vocabulary [0, {vocab_size})"
+        )
+      if mask_token_id is not None and (ids == mask_token_id).any():
+        raise ValueError(
+            f"{where}: {name} contains the mask token id"
+            f" {mask_token_id}, which clean data must not use"
+        )
   return Example(
       prompt.astype(np.int32), completion.astype(np.int32), example_id
   )
@@ -208,7 +215,8 @@ def as_examples(
   """
   examples = []
   for index, item in enumerate(raw):
-    if isinstance(item, Mapping):
+    # (A pair is never a Mapping; checked first, it skips the ABC check.)
+    if not isinstance(item, (tuple, list)) and isinstance(item, Mapping):
       if "prompt" not in item or "completion" not in item:
         raise ValueError(
             f"example {index}: a mapping needs keys 'prompt' and 'completion'"

@@ -236,9 +236,19 @@ class TaskData(NamedTuple):
 
 
 def build_task_data(
-    task_cfg, tokenizer, *, seq_len: int, vocab_size: int, mask_token_id: int
+    task_cfg,
+    tokenizer,
+    *,
+    seq_len: int,
+    vocab_size: int,
+    mask_token_id: int,
+    train: bool = True,
 ) -> TaskData:
-  """Train and held-out examples of `task.name` (disjoint seeds and prompts)."""
+  """Train and held-out examples of `task.name` (disjoint seeds and prompts).
+
+  `train=False` leaves the training split empty (neither drawn nor encoded),
+  for jobs that read only the held-out one; the held-out split is the same.
+  """
   task = tasks_lib.get_task(
       task_cfg.name, **to_dict(task_cfg.get("kwargs") or {})
   )
@@ -249,7 +259,7 @@ def build_task_data(
       pair
       for pair in task.sample(task_cfg.num_train, seed=task_cfg.seed)
       if pair[0] not in held_out
-  ]
+  ] if train else []
 
   def encode(pairs):
     return data_lib.as_examples(

@@ -166,8 +166,9 @@ def build_sft_data(
     seq_len: Row length; longer examples are bad rows.
     vocab_size: The model's vocabulary size.
     mask_token_id: The mask token, which data must not contain.
-    train: False skips reading a dataset's training files (`train` is then
-      empty), for jobs that only need the held-out split.
+    train: False skips reading a dataset's training files or drawing a
+      task's training examples (`train` is then empty), for jobs that only
+      need the held-out split.
   """
   dataset_cfg = cfg.get("dataset")
   if dataset_cfg is None:
@@ -181,6 +182,7 @@ def build_sft_data(
         seq_len=seq_len,
         vocab_size=vocab_size,
         mask_token_id=mask_token_id,
+        train=train,
     )
     return SFTData(
         cfg.task.name,
