@@ -197,9 +197,11 @@ _LONG_FIRST = (
 def pytest_collection_modifyitems(config, items):
   del config
 
+  def module(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
   def rank(item) -> int:
-    path = item.nodeid.split("::", 1)[0]
-    return next((i for i, p in enumerate(_LONG_FIRST) if path == p),
+    return next((i for i, p in enumerate(_LONG_FIRST) if module(item) == p),
                 len(_LONG_FIRST))
 
   items.sort(key=rank)
@@ -209,5 +211,4 @@ def pytest_collection_modifyitems(config, items):
   # modules) keep their own names.
   for item in items:
     if not any(item.iter_markers("xdist_group")):
-      item.add_marker(
-          pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+      item.add_marker(pytest.mark.xdist_group(module(item)))

@@ -281,7 +281,7 @@ def test_another_model_of_the_same_architecture_reuses_the_program():
       cached._lookup(nnx.graphdef(second), key))
   # Bounded: after as many newer programs (made, not traced), it is gone.
   for new in range(cached._MAX_PROGRAMS):
-    cached._program(nnx.graphdef(wider), (config, 100 + new) + key[2:], True)
+    cached._program(nnx.graphdef(wider), (config, 100 + new) + key[2:])
   assert len(cached._PROGRAMS) == cached._MAX_PROGRAMS
   assert cached._lookup(nnx.graphdef(second), key) is None
 

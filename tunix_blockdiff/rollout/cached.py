@@ -89,11 +89,13 @@ def _lookup(graphdef, key):
   return None
 
 
-def _program(graphdef, key, use_cache: bool):
+def _program(graphdef, key):
+  """The jitted loop of (`graphdef`, `key`), traced on first use."""
   jitted = _lookup(graphdef, key)
   if jitted is not None:
     return jitted
-  config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head = key
+  (config, num_new, use_cache, cache_phases, lockstep, ragged_cache,
+   fused_head) = key
 
   def run(state, prompt_tokens, lengths, rng):
     merged = nnx.merge(graphdef, state)
@@ -274,5 +276,5 @@ def generate(
   key = (config, int(max_new_tokens), bool(use_cache),
          int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache,
          fused_head)
-  program = _program(graphdef, key, use_cache)
+  program = _program(graphdef, key)
   return program(state, prompt_tokens, prompt_lengths, rng)
