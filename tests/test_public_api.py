@@ -3,6 +3,8 @@ with the documented signatures and meanings."""
 
 import dataclasses
 import inspect
+import subprocess
+import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -188,10 +190,29 @@ def test_all_lists_section_four_names():
       "register",
   }
   assert section_four <= set(tbd.__all__)
-  # Eagerly imported names resolve without touching the lazy modules.
+  # Every public name is lazy, resolves, and is listed by dir().
+  assert set(tbd.__all__) == set(tbd._LAZY)
   for name in tbd.__all__:
-    if name not in tbd._LAZY:
-      assert hasattr(tbd, name), name
+    assert hasattr(tbd, name), name
+    assert name in dir(tbd)
+
+
+def test_importing_the_package_and_the_launcher_loads_no_jax():
+  # A fresh interpreter: `import tunix_blockdiff`, `tunix-blockdiff --help`
+  # and the launcher (a parent that only starts processes) stay instant.
+  script = (
+      "import sys, contextlib, io\n"
+      "import tunix_blockdiff\n"
+      "from tunix_blockdiff import cli\n"
+      "from tunix_blockdiff.jobs import launch\n"
+      "with contextlib.redirect_stdout(io.StringIO()):\n"
+      "  assert cli.main(['--help']) == 0\n"
+      "launch.parse_args(['--processes', '2', '--', 'sft'])\n"
+      "print(sorted(m for m in ('jax', 'tunix', 'flax') if m in sys.modules))\n"
+  )
+  out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                       text=True, check=True).stdout
+  assert out.strip() == "[]"
 
 
 def test_trajectory_logprob_signature():

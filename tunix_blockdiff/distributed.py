@@ -17,7 +17,6 @@ re-exported here, where the jobs have always imported them.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Mapping
 
 import jax
@@ -203,17 +202,6 @@ def check_cp_size(mesh: jax.sharding.Mesh | None, cp_size: int) -> int:
   return sp if sp > 1 else cp_size
 
 
-def local_device_flags(num_devices: int) -> str:
-  """XLA_FLAGS (the current ones plus a CPU device count) for a child process."""
-  flags = [
-      f
-      for f in os.environ.get("XLA_FLAGS", "").split()
-      if not f.startswith("--xla_force_host_platform_device_count")
-  ]
-  flags.append(f"--xla_force_host_platform_device_count={int(num_devices)}")
-  return " ".join(flags)
-
-
 __all__ = [
     "BATCH_AXIS",
     "batch_sharding",
@@ -227,7 +215,6 @@ __all__ = [
     "globalize",
     "initialize",
     "is_main_process",
-    "local_device_flags",
     "MESH_AXES",
     "mesh_shape",
     "pad_rows",

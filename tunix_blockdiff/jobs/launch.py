@@ -26,9 +26,19 @@ import threading
 import time
 from typing import Sequence
 
-from tunix_blockdiff import distributed
 
 COMMANDS = ("sft", "generate", "rl", "opd")
+
+
+def local_device_flags(num_devices: int) -> str:
+  """XLA_FLAGS (the current ones plus a CPU device count) for a child process."""
+  flags = [
+      f
+      for f in os.environ.get("XLA_FLAGS", "").split()
+      if not f.startswith("--xla_force_host_platform_device_count")
+  ]
+  flags.append(f"--xla_force_host_platform_device_count={int(num_devices)}")
+  return " ".join(flags)
 
 
 def free_port() -> int:
@@ -130,7 +140,7 @@ def launch(
   port = port or free_port()
   env = dict(os.environ, PYTHONUNBUFFERED="1")
   if devices_per_process is not None:
-    env["XLA_FLAGS"] = distributed.local_device_flags(devices_per_process)
+    env["XLA_FLAGS"] = local_device_flags(devices_per_process)
     env.setdefault("JAX_PLATFORMS", "cpu")
   procs, threads = [], []
   for i in range(processes):
