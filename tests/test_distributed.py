@@ -1,7 +1,9 @@
 """Many processes: 2 processes x 4 CPU devices (gloo) vs one 8-device process.
 
 The multi-process runs go through `tunix-blockdiff launch`, each a tiny SFT
-(one layer, 4 steps, a train-only dataset file: no evaluation to compile).
+(one layer, 12 steps, a train-only dataset file: no evaluation to compile).
+The fsdp=8 run on two processes is killed mid-run and relaunched once, and
+serves the tests of equality, resumption and generation alike.
 """
 
 import json
@@ -47,7 +49,7 @@ def _env(devices: int) -> dict:
   return dict(
       os.environ,
       JAX_PLATFORMS="cpu",
-      XLA_FLAGS=distributed.local_device_flags(devices),
+      XLA_FLAGS=launch.local_device_flags(devices),
   )
 
 
@@ -81,7 +83,7 @@ def _single(args) -> None:
   assert cli.main(args) == 0
 
 
-def _params(run_dir: pathlib.Path, step: int = 4) -> dict:
+def _params(run_dir: pathlib.Path, step: int) -> dict:
   path = run_dir / "checkpoints" / str(step) / "model_params"
   checkpointer = ocp.PyTreeCheckpointer()
   meta = checkpointer.metadata(path)
@@ -101,14 +103,18 @@ def _assert_close(a, b, rtol=1e-5):
   assert np.abs(a - b).max(initial=0.0) <= rtol * scale, (a, b)
 
 
-def _assert_same_run(out, ref):
+def _assert_same_run(out, ref, resumed_at=0):
+  """The runs' losses from `resumed_at` (out's first step) on and params."""
   got = json.loads((out / "summary.json").read_text())
   want = json.loads((ref / "summary.json").read_text())
-  assert got["train_steps"] == want["train_steps"] == 4
-  assert len(got["train_losses"]) == 4
-  for x, y in zip(got["train_losses"], want["train_losses"]):
+  assert got["train_steps"] == want["train_steps"] == STEPS
+  # A summary lists the losses of the steps its own launch ran.
+  assert len(want["train_losses"]) == STEPS
+  assert len(got["train_losses"]) == STEPS - resumed_at
+  for x, y in zip(got["train_losses"], want["train_losses"][resumed_at:],
+                  strict=True):
     _assert_close(x, y)
-  params, ref_params = _params(out), _params(ref)
+  params, ref_params = _params(out, STEPS), _params(ref, STEPS)
   assert params.keys() == ref_params.keys()
   for name in params:
     _assert_close(params[name], ref_params[name])
@@ -126,31 +132,50 @@ def data_file(tmp_path_factory):
   return path
 
 
+# 12 steps (a progress line each, a checkpoint every 2): the two-process
+# run is killed at step 3, mid-run, with 9 steps and 4 checkpoints to go.
+STEPS = 12
+LONG = [*SMALL, f"training.max_steps={STEPS}",
+        "training.eval_every_n_steps=2"]
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data_file):
   """The single-process, 8-device (fsdp=8) run."""
   out = tmp_path_factory.mktemp("ref")
-  _single([
-      "sft",
-      f"output_dir={out}",
-      f"dataset.train={data_file}",
-      "mesh.fsdp=8",
-      *SMALL,
-  ])
+  _single(["sft", f"output_dir={out}", f"dataset.train={data_file}",
+           "mesh.fsdp=8", *LONG])
   return out
 
 
 @pytest.fixture(scope="module")
 def two_process_run(tmp_path_factory, data_file):
+  """The same run on 2 processes, killed after a checkpoint and relaunched.
+
+  Returns (output_dir, the killed launcher's exit code and the checkpoint
+  steps it left, the relaunch's output).
+  """
   out = tmp_path_factory.mktemp("fsdp8")
-  log = _launch([
-      "sft",
-      f"output_dir={out}",
-      f"dataset.train={data_file}",
-      "mesh.fsdp=8",
-      *SMALL,
-  ])
-  return out, log
+  run = ["sft", f"dataset.train={data_file}", "mesh.fsdp=8", *LONG,
+         f"output_dir={out}"]
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "tunix_blockdiff.cli", "launch", "--processes",
+       "2", "--devices-per-process", "4", "--grace", "0", "--", *run],
+      env=_env(4),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+  )
+  for line in proc.stdout:
+    if line.startswith(f"[p0] step 3/{STEPS}"):
+      proc.send_signal(signal.SIGTERM)  # the launcher kills both processes
+      break
+  rest = proc.stdout.read()
+  killed = proc.wait(timeout=60), rest[-2000:]
+  saved = sorted(
+      int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()
+  )
+  return out, killed, saved, _launch(run)
 
 
 def test_mesh_layout_and_rows():
@@ -225,10 +250,10 @@ def test_initialize_validates_before_starting():
 
 
 def test_two_processes_fsdp8_equal_one_process(reference, two_process_run):
-  out, log = two_process_run
-  _assert_same_run(out, reference)
+  out, _, saved, log = two_process_run
+  _assert_same_run(out, reference, resumed_at=saved[-1])
   # Progress and the summary come from process 0 only.
-  assert "[p0] step 4/4" in log and "[p1] step" not in log
+  assert f"[p0] step {STEPS}/{STEPS}" in log and "[p1] step" not in log
   assert "[p0] wrote" in log and "[p1] wrote" not in log
 
 
@@ -242,7 +267,7 @@ def test_context_parallel_across_processes_equals_one_process(
       f"dataset.train={data_file}",
       "mesh.fsdp=2",
       "mesh.sp=4",
-      *SMALL,
+      *LONG,
   ])
   summary = json.loads((out / "summary.json").read_text())
   assert summary["recipe"]["mesh"] == {"fsdp": 2, "sp": 4}
@@ -250,63 +275,23 @@ def test_context_parallel_across_processes_equals_one_process(
 
 
 def test_killed_after_a_checkpoint_resumes_to_the_same_params(
-    tmp_path, data_file
+    reference, two_process_run
 ):
-  # 12 steps (a progress line each, a checkpoint every 2): the kill at step
-  # 3 lands mid-run, with 9 steps and 4 checkpoints still to go.
-  run = [
-      "sft",
-      f"dataset.train={data_file}",
-      "mesh.fsdp=8",
-      *SMALL,
-      "training.max_steps=12",
-      "training.eval_every_n_steps=2",
-  ]
-  ref, out = tmp_path / "ref", tmp_path / "resume"
-  _single([*run, f"output_dir={ref}"])
-  args = [
-      sys.executable,
-      "-m",
-      "tunix_blockdiff.cli",
-      "launch",
-      "--processes",
-      "2",
-      "--devices-per-process",
-      "4",
-      "--grace",
-      "0",
-      "--",
-      *run,
-      f"output_dir={out}",
-  ]
-  proc = subprocess.Popen(
-      args,
-      env=_env(4),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-  )
-  for line in proc.stdout:
-    if line.startswith("[p0] step 3/12"):
-      proc.send_signal(signal.SIGTERM)  # the launcher kills both processes
-      break
-  rest = proc.stdout.read()
-  assert proc.wait(timeout=60) == 130, rest[-2000:]
-  saved = sorted(
-      int(p.name) for p in (out / "checkpoints").iterdir() if p.name.isdigit()
-  )
-  assert saved and saved[-1] < 12, saved
-  log = _launch(args[args.index("--") + 1 :])
+  # The module's two-process run: SIGTERM to the launcher at step 3 (it
+  # kills both processes), then the same command again.
+  out, (code, rest), saved, log = two_process_run
+  assert code == 130, rest
+  assert saved and saved[-1] < STEPS, saved
   assert f"resuming from the checkpoint of step {saved[-1]}" in log, log
   summary = json.loads((out / "summary.json").read_text())
-  assert summary["train_steps"] == 12
-  params, ref_params = _params(out, 12), _params(ref, 12)
+  assert summary["train_steps"] == STEPS
+  params, ref_params = _params(out, STEPS), _params(reference, STEPS)
   for name in ref_params:
     _assert_close(params[name], ref_params[name])
 
 
 def test_generate_two_processes_equals_one(two_process_run, tmp_path):
-  out, _ = two_process_run
+  out = two_process_run[0]
   prompts = "prompts=[rev 123,rev 4567,rev 89]"
   _single(["generate", str(out), prompts, "max_new_tokens=6", "color=false"])
   single = json.loads((out / "generate.json").read_text())
