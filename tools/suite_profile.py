@@ -29,6 +29,12 @@ import time
 import pytest
 
 _TOTALS: collections.Counter = collections.Counter()
+# Lowerings by function name: (count, seconds). Eager ops lower one program
+# per primitive and shape (`add`, `dot_general`, ...), so a test that calls
+# a model op by op shows here as many lowerings of primitives' names.
+_LOWERED: collections.Counter = collections.Counter()
+_LOWERED_S: collections.Counter = collections.Counter()
+_TRACED_S: collections.Counter = collections.Counter()
 _STAGES = {
     "trace": "/jax/core/compile/jaxpr_trace_duration",
     "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -37,8 +43,13 @@ _STAGES = {
 
 
 def _listen(event: str, duration: float, **kwargs) -> None:
-  del kwargs
   _TOTALS[event] += duration
+  if event == _STAGES["lower"]:
+    name = str(kwargs.get("fun_name", "?"))
+    _LOWERED[name] += 1
+    _LOWERED_S[name] += duration
+  elif event == _STAGES["trace"]:
+    _TRACED_S[str(kwargs.get("fun_name", "?"))] += duration
 
 
 def _install() -> None:
@@ -61,6 +72,9 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
   """Times one test (hookwrapper); see the module docstring."""
   _install()
   start, before = time.time(), dict(_TOTALS)
+  _LOWERED.clear()
+  _LOWERED_S.clear()
+  _TRACED_S.clear()
   own, children = _cpu(os.times())
   yield
   own_after, children_after = _cpu(os.times())
@@ -71,6 +85,13 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
       "children_cpu": round(children_after - children, 3),
       **{stage: round(_TOTALS[event] - before.get(event, 0.0), 3)
          for stage, event in _STAGES.items()},
+      "lowerings": sum(_LOWERED.values()),
+      # The five functions with the most lowering time: [name, count, s].
+      "lowered": [[name, _LOWERED[name], round(seconds, 3)]
+                  for name, seconds in _LOWERED_S.most_common(5)],
+      # The five functions with the most tracing time: [name, s].
+      "traced": [[name, round(seconds, 3)]
+                 for name, seconds in _TRACED_S.most_common(5)],
   }
   directory = pathlib.Path(os.environ.get("SUITE_PROFILE_DIR", "suite_profile"))
   directory.mkdir(parents=True, exist_ok=True)
@@ -98,6 +119,17 @@ def summarize(directory: str | os.PathLike, slowest: int = 10) -> str:
   ]
   for record in sorted(records, key=lambda r: -r["wall"])[:slowest]:
     lines.append(f"{record['wall']:8.1f} s  {record['id']}")
+  # Lowering by function name, over each test's five heaviest names.
+  seconds, counts = collections.Counter(), collections.Counter()
+  for record in records:
+    for name, count, spent in record.get("lowered", ()):
+      seconds[name] += spent
+      counts[name] += count
+  if seconds:
+    lines.append(f"{sum(r.get('lowerings', 0) for r in records)} lowerings;"
+                 " the most lowering time, by function:")
+    for name, spent in seconds.most_common(slowest):
+      lines.append(f"{spent:8.1f} s  x{counts[name]:<5d} {name}")
   return "\n".join(lines)
 
 
