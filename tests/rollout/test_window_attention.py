@@ -175,27 +175,39 @@ def test_window_call_gives_the_models_own_logits(family):
   tokens = jax.random.randint(jax.random.key(0), (b, length), 0, VOCAB)
   positions = jnp.broadcast_to(jnp.arange(length), (b, length))
   block_causal = masks.block_causal_mask(positions, positions, width)
-  want, _ = model(tokens, positions, None, block_causal)
-  # The prefix through window_call (no cache), written at slots [0, 8).
-  dtype = jnp.float32
-  prefix_mask = block_causal[:, :prefix, :prefix]
-  _, keys, values = wa.window_call(model, tokens[:, :prefix],
-                                   positions[:, :prefix], [], prefix_mask)
-  cache = wa.write_blocks(wa.init_cache(model, b, 16, dtype),
-                          wa.as_block(keys, values, prefix),
-                          jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool))
+  # Each call is one compiled program, as in the driver (op by op, each of
+  # the model's ops would lower and compile apart: ~250 programs).
+  want, _ = nnx.jit(lambda m, *a: m(*a))(model, tokens, positions, None,
+                                          block_causal)
+
+  @nnx.jit
+  def prefix_call(m, tokens, positions):
+    # The prefix through window_call (no cache), written at slots [0, 8).
+    _, keys, values = wa.window_call(m, tokens, positions, [],
+                                     block_causal[:, :prefix, :prefix])
+    return wa.write_blocks(wa.init_cache(m, b, 16, jnp.float32),
+                           wa.as_block(keys, values, prefix),
+                           jnp.zeros((b,), jnp.int32), jnp.ones((b,), bool))
+
+  cache = prefix_call(model, tokens[:, :prefix], positions[:, :prefix])
   valid = jnp.broadcast_to(jnp.arange(16) < prefix, (b, 16))
-  got, _, _ = wa.window_call(
-      model, tokens[:, prefix:], positions[:, prefix:], [(cache, valid)],
-      jnp.ones((b, width, width), bool))
+  rows = jnp.array([1, 3])
+
+  @nnx.jit
+  def window(m, cache):
+    parts = [(cache, valid)]
+    args = (m, tokens[:, prefix:], positions[:, prefix:], parts,
+            jnp.ones((b, width, width), bool))
+    got, _, _ = wa.window_call(*args)
+    # `pick`: the logits of the picked slots only (here each row's own slot).
+    picked, _, _ = wa.window_call(
+        *args,
+        pick=lambda x: jnp.take_along_axis(x, rows[:, None, None], axis=1))
+    return got, picked
+
+  got, picked = window(model, cache)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want[:, prefix:]),
                              rtol=1e-5, atol=1e-5)
-  # `pick`: the logits of the picked slots only (here each row's own slot).
-  rows = jnp.array([1, 3])
-  picked, _, _ = wa.window_call(
-      model, tokens[:, prefix:], positions[:, prefix:], [(cache, valid)],
-      jnp.ones((b, width, width), bool),
-      pick=lambda x: jnp.take_along_axis(x, rows[:, None, None], axis=1))
   assert picked.shape == (b, 1, VOCAB)
   np.testing.assert_allclose(
       np.asarray(picked[:, 0]),

@@ -13,6 +13,7 @@ import json
 import pathlib
 import sys
 
+from flax import nnx
 import jax.numpy as jnp
 import numpy as np
 import omegaconf
@@ -128,12 +129,15 @@ def test_teacher_is_sharded_on_the_job_mesh(tmp_path):
   # Sharded, it scores as the unsharded teacher does.
   single = hf_teacher.load_teacher(_teacher_cfg(path), rl_common.rl_mesh(None))
   tokens = jnp.asarray(np.random.default_rng(0).integers(4, VOCAB, (2, 7)))
-  args = (tokens[:, :4], jnp.ones((2, 4), bool), tokens[:, 4:])
+  args = (tokens[:, :4], jnp.ones((2, 4), bool), tokens[:, 4:],
+          jnp.ones((2, 3), bool))
+  # One compiled program each, as inside the opd loss (op by op, ~150).
+  scores = nnx.jit(opd.ar_teacher_logits)
   with mesh:
-    sharded = opd.ar_teacher_logits(teacher, *args, jnp.ones((2, 3), bool))
+    sharded = scores(teacher, *args)
   np.testing.assert_allclose(
       np.asarray(sharded),
-      np.asarray(opd.ar_teacher_logits(single, *args, jnp.ones((2, 3), bool))),
+      np.asarray(scores(single, *args)),
       rtol=1e-5,
       atol=1e-5,
   )
