@@ -106,7 +106,8 @@ def test_ar_teacher_logits_are_next_token_logits_in_its_own_context():
   _, teacher = _models()
   batch = _student_batch()
   inputs = batch.model_inputs
-  got = opd.ar_teacher_logits(
+  # One compiled program each (op by op: ~140 programs).
+  got = nnx.jit(opd.ar_teacher_logits)(
       teacher,
       inputs["prompt_tokens"],
       inputs["prompt_mask"],
@@ -121,7 +122,8 @@ def test_ar_teacher_logits_are_next_token_logits_in_its_own_context():
       [prompt, np.asarray(inputs["completion_tokens"][1])]
   )
   length = len(sequence)
-  logits, _ = teacher(
+  logits, _ = nnx.jit(lambda m, *a: m(*a))(
+      teacher,
       jnp.asarray(sequence)[None],
       jnp.arange(length)[None],
       None,
