@@ -244,7 +244,8 @@ def test_rank_logits_through_splash_equal_dense():
       prompts, mask, result.trace_tokens, result.trace_commit_step,
       mask_token_id=MASK)
   kwargs = dict(block_size=BLOCK, mask_token_id=MASK)
-  want, want_ranks = scoring.make_rank_logits_fn(**kwargs)(
+  # One compiled program (op by op: ~100 programs).
+  want, want_ranks = nnx.jit(scoring.make_rank_logits_fn(**kwargs))(
       model, batch.model_inputs)
   mesh = jax.make_mesh((1, 1, 1), ("fsdp", "sp", "tp"),
                        axis_types=(AxisType.Auto,) * 3)

@@ -13,6 +13,7 @@ from flax import nnx
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -47,7 +48,9 @@ def test_greedy_head_is_propose_on_the_head_s_logits(seed, rows, vocab,
                                   else (16, vocab)), dtype)
   logits = hidden @ (weight.T if vocab_major else weight)
   config = config_lib.DenoiseConfig(block_size=4, mask_token_id=mask)
-  want, want_lp = transition.propose(logits[None], config)
+  # One compiled program (op by op: one per op and drawn shape).
+  want, want_lp = jax.jit(lambda x: transition.propose(x, config))(
+      logits[None])
   got, got_lp = head_kernel.greedy_head(
       hidden, weight, vocab_major=vocab_major, mask_token_id=mask,
       vocab_tile=128)
