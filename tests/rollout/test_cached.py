@@ -235,7 +235,7 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   model = _model(name)
   prompts, lengths = _prompts(lengths)
   key = (config, NEW_TOKENS, True, 1, False, False, False)
-  program = cached._lookup(nnx.graphdef(model), key)
+  program = cached._PROGRAMS.lookup(nnx.graphdef(model), key)
   # New prompts, same shapes: no retrace.
   other = cached.generate(
       model, prompts[::-1], lengths[::-1], config, max_new_tokens=NEW_TOKENS
@@ -266,9 +266,9 @@ def test_another_model_of_the_same_architecture_reuses_the_program():
   first, second = (tiny_models.tiny_qwen3(VOCAB, seed=s) for s in (7, 8))
   key = (config, 6, True, 1, False, False, False)
   a = cached.generate(first, prompts, lengths, config, max_new_tokens=6)
-  program = cached._lookup(nnx.graphdef(first), key)
+  program = cached._PROGRAMS.lookup(nnx.graphdef(first), key)
   b = cached.generate(second, prompts, lengths, config, max_new_tokens=6)
-  assert cached._lookup(nnx.graphdef(second), key) is program
+  assert cached._PROGRAMS.lookup(nnx.graphdef(second), key) is program
   assert program._cache_size() == 1
   assert not np.array_equal(a.logprobs, b.logprobs)  # its own weights
   # Its own output: the same as a program traced for it alone.
@@ -277,13 +277,13 @@ def test_another_model_of_the_same_architecture_reuses_the_program():
   generations.assert_same_generation(b, alone, logprob_atol=0)
   wider = tiny_models.tiny_qwen3(VOCAB, seed=7, embed_dim=48)
   cached.generate(wider, prompts, lengths, config, max_new_tokens=6)
-  assert cached._lookup(nnx.graphdef(wider), key) is not (
-      cached._lookup(nnx.graphdef(second), key))
+  assert cached._PROGRAMS.lookup(nnx.graphdef(wider), key) is not (
+      cached._PROGRAMS.lookup(nnx.graphdef(second), key))
   # Bounded: after as many newer programs (made, not traced), it is gone.
-  for new in range(cached._MAX_PROGRAMS):
+  for new in range(cached._PROGRAMS.max_programs):
     cached._program(nnx.graphdef(wider), (config, 100 + new) + key[2:])
-  assert len(cached._PROGRAMS) == cached._MAX_PROGRAMS
-  assert cached._lookup(nnx.graphdef(second), key) is None
+  assert len(cached._PROGRAMS) == cached._PROGRAMS.max_programs
+  assert cached._PROGRAMS.lookup(nnx.graphdef(second), key) is None
 
 
 # The checks each case's results go through. One test per case keeps every

@@ -12,8 +12,6 @@ logits; both give the same tokens and commit steps. The pieces live in
 from __future__ import annotations
 
 import numbers
-import threading
-from typing import Any
 
 from flax import nnx
 import jax
@@ -22,6 +20,7 @@ import numpy as np
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
+from tunix_blockdiff.models import programs
 from tunix_blockdiff.rollout import cache_kernel
 from tunix_blockdiff.rollout import cached_loop
 from tunix_blockdiff.rollout import denoise as denoise_lib
@@ -68,32 +67,18 @@ def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new):
 # Public entry point.
 # ----------------------------------------------------------------------------
 
-# (key, GraphDef, jitted program), the least recently used first. The model's
-# parameters are the program's arguments, so one program serves every model
-# with an equal GraphDef (the same architecture and static settings: a new
-# instance, a reloaded policy, a test's fresh tiny model) without tracing the
-# loop again; a structurally changed model has another GraphDef and gets its
-# own. GraphDefs are unhashable, so they are compared, not hashed.
-_PROGRAMS: list[tuple[Any, Any, Any]] = []
-_MAX_PROGRAMS = 32
-_PROGRAMS_LOCK = threading.RLock()  # rollouts may run on other threads
-
-
-def _lookup(graphdef, key):
-  """The jitted program of (`graphdef`, `key`), or None; marks it recent."""
-  with _PROGRAMS_LOCK:
-    for i, (k, g, jitted) in enumerate(_PROGRAMS):
-      if k == key and g == graphdef:
-        _PROGRAMS.append(_PROGRAMS.pop(i))
-        return jitted
-  return None
+# The loop's programs, shared by every model with an equal GraphDef
+# (`models.programs`).
+_PROGRAMS: programs.ProgramCache = programs.ProgramCache(32)
 
 
 def _program(graphdef, key):
   """The jitted loop of (`graphdef`, `key`), traced on first use."""
-  jitted = _lookup(graphdef, key)
-  if jitted is not None:
-    return jitted
+  return _PROGRAMS.get(graphdef, key, lambda: _build(graphdef, key))
+
+
+def _build(graphdef, key):
+  """The jitted loop of (`graphdef`, `key`) (not yet traced)."""
   (config, num_new, use_cache, cache_phases, lockstep, ragged_cache,
    fused_head) = key
 
@@ -106,11 +91,7 @@ def _program(graphdef, key):
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
                               num_new)
 
-  jitted = jax.jit(run)
-  with _PROGRAMS_LOCK:
-    _PROGRAMS.append((key, graphdef, jitted))
-    del _PROGRAMS[:-_MAX_PROGRAMS]
-  return jitted
+  return jax.jit(run)
 
 
 def _check_generate_inputs(

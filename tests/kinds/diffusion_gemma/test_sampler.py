@@ -1,7 +1,9 @@
 """DiffusionGemma generation: canvases over the cache, per-row EOS stops."""
 
+import dataclasses
 import pathlib
 
+from flax import nnx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -53,11 +55,43 @@ def test_generate_shapes_counts_and_determinism(model_and_sampler):
   assert not np.array_equal(other.tokens, a.tokens)
 
 
+def test_samplers_of_one_architecture_share_their_programs(model_and_sampler):
+  """Keyed by GraphDef and settings: a new sampler (an evaluation's, a
+  reloaded policy's) of a model of the same architecture traces nothing
+  again and samples its own model, as a program traced for it alone does;
+  other settings get their own programs."""
+  model, config = model_and_sampler
+  prompts, lengths = np.array([[0, 0, 5, 6, 7], [9, 8, 7, 6, 5]]), [3, 5]
+  rng = jax.random.key(1)
+  dg_rollout._PROGRAMS.clear()  # other tests' samplers may share them
+  first = dg_rollout.DiffusionGemmaSampler(model, config)
+  a = first.generate(prompts, lengths, max_new_tokens=8, rng=rng)
+  other = dg.DiffusionGemma(model.config, rngs=nnx.Rngs(5))
+  second = dg_rollout.DiffusionGemmaSampler(other, config)
+  assert second._canvas is first._canvas
+  assert second._prefill is first._prefill
+  b = second.generate(prompts, lengths, max_new_tokens=8, rng=rng)
+  assert first._canvas._cache_size() == 1
+  assert not np.array_equal(a.tokens, b.tokens)  # its own weights
+  dg_rollout._PROGRAMS.clear()
+  alone = dg_rollout.DiffusionGemmaSampler(other, config)
+  assert alone._canvas is not first._canvas
+  c = alone.generate(prompts, lengths, max_new_tokens=8, rng=rng)
+  for field in ("tokens", "changed_at", "canvas_steps"):
+    np.testing.assert_array_equal(getattr(b, field), getattr(c, field))
+  for changed in (
+      dg_rollout.DiffusionGemmaSampler(
+          other, dataclasses.replace(config, greedy=not config.greedy)),
+      dg_rollout.DiffusionGemmaSampler(other, config, record_trace=True),
+  ):
+    assert changed._canvas is not alone._canvas
+  assert len(dg_rollout._PROGRAMS) == 3
+
+
 def test_rows_finish_independently(model_and_sampler):
   model, config = model_and_sampler
   prompts = np.tile(np.arange(1, 6), (6, 1))
-  # Find, over seeds, a batch where some rows hit EOS early and others not
-  # (one sampler: a one-shot `generate` traces its programs every call).
+  # Find, over seeds, a batch where some rows hit EOS early and others not.
   config_eos = dg.SamplerConfig(**{**config.__dict__, "eos_token_id": 7})
   sampler = dg_rollout.DiffusionGemmaSampler(model, config_eos)
   for seed in range(40):

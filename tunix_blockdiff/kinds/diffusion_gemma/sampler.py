@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from tunix_blockdiff import distributed
+from tunix_blockdiff.models import programs
 from tunix_blockdiff.models.diffusion_gemma import config as config_lib
 from tunix_blockdiff.models.diffusion_gemma import model as model_lib
 from tunix_blockdiff.kinds.diffusion_gemma import entropy_bound
@@ -94,6 +95,55 @@ def valid_mask(width: int, lengths: np.ndarray) -> np.ndarray:
   return np.arange(width)[None, :] >= (width - np.asarray(lengths))[:, None]
 
 
+# The prefill and canvas programs, shared by every model with an equal
+# GraphDef (`models.programs`): an evaluation's or a reloaded policy's new
+# sampler traces and compiles nothing again.
+_PROGRAMS: programs.ProgramCache = programs.ProgramCache(16)
+
+
+def _programs(graphdef, cfg, config, record_trace):
+  """(prefill, canvas) jitted programs of a model's GraphDef and settings."""
+  key = (cfg, config, record_trace)
+  return _PROGRAMS.get(graphdef, key,
+                       lambda: _build(graphdef, cfg, config, record_trace))
+
+
+def _build(graphdef, cfg, config, record_trace):
+  """The (prefill, canvas) jitted programs (not yet traced)."""
+
+  def prefill(state, tokens, valid, size):
+    # The cache is made here, in the program, so that on a mesh it is laid
+    # out like the rows (an eager one would live on one device).
+    m = nnx.merge(graphdef, state)
+    b, p = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(p), tokens.shape)
+    _, cache = m(tokens, positions, valid, m.init_cache(b, size),
+                 method="encode")
+    return cache, jnp.zeros((b,), bool)
+
+  def canvas(state, cache, key, finished):
+    m = nnx.merge(graphdef, state)
+    b = finished.shape[0]
+    c = cfg.canvas_length
+    positions = jnp.broadcast_to(cache.length + jnp.arange(c), (b, c))
+
+    def decoder_fn(tokens, sc_logits, sc_on):
+      return m(tokens, positions, cache, sc_logits, sc_on, method="decode")
+
+    result = entropy_bound.denoise_canvas(
+        decoder_fn, key, b, c, cfg.vocab_size, config, active=~finished,
+        record_trace=record_trace)
+    tokens, now_finished = finish_canvas(result.tokens, finished,
+                                         config.eos_token_id,
+                                         config.pad_token_id)
+    _, cache = m(tokens, positions, jnp.ones((b, c), bool), cache,
+                 method="encode")
+    return (cache, tokens, result.steps, result.changed_at, now_finished,
+            jnp.all(now_finished), batch_first(result.trace, b))
+
+  return jax.jit(prefill, static_argnums=3), jax.jit(canvas)
+
+
 class DiffusionGemmaSampler:
   """Compiled prefill and canvas programs for one model (reuse across calls).
 
@@ -117,41 +167,9 @@ class DiffusionGemmaSampler:
     self.config = config
     self.record_trace = record_trace
     self.mesh = mesh
-    graphdef, _ = nnx.split(model)
-    cfg = model.config
-
-    def prefill(state, tokens, valid, size):
-      # The cache is made here, in the program, so that on a mesh it is laid
-      # out like the rows (an eager one would live on one device).
-      m = nnx.merge(graphdef, state)
-      b, p = tokens.shape
-      positions = jnp.broadcast_to(jnp.arange(p), tokens.shape)
-      _, cache = m(tokens, positions, valid, m.init_cache(b, size),
-                   method="encode")
-      return cache, jnp.zeros((b,), bool)
-
-    def canvas(state, cache, key, finished):
-      m = nnx.merge(graphdef, state)
-      b = finished.shape[0]
-      c = cfg.canvas_length
-      positions = jnp.broadcast_to(cache.length + jnp.arange(c), (b, c))
-
-      def decoder_fn(tokens, sc_logits, sc_on):
-        return m(tokens, positions, cache, sc_logits, sc_on, method="decode")
-
-      result = entropy_bound.denoise_canvas(
-          decoder_fn, key, b, c, cfg.vocab_size, config, active=~finished,
-          record_trace=record_trace)
-      tokens, now_finished = finish_canvas(result.tokens, finished,
-                                           config.eos_token_id,
-                                           config.pad_token_id)
-      _, cache = m(tokens, positions, jnp.ones((b, c), bool), cache,
-                   method="encode")
-      return (cache, tokens, result.steps, result.changed_at, now_finished,
-              jnp.all(now_finished), batch_first(result.trace, b))
-
-    self._prefill = jax.jit(prefill, static_argnums=3)
-    self._canvas = jax.jit(canvas)
+    # Shared with every sampler of an equal GraphDef and settings.
+    self._prefill, self._canvas = _programs(nnx.graphdef(model), model.config,
+                                            config, record_trace)
 
   def generate(self, prompt_tokens, prompt_lengths, *, max_new_tokens: int,
                rng: jax.Array) -> GenerateResult:
