@@ -165,6 +165,9 @@ def check_invocation(args: list[str]) -> None:
   command, rest = args[0], [a for a in args[1:] if not _placeholder(a)]
   if _placeholder(command):
     return
+  if command in ("-h", "--help"):  # the usage, as cli.main prints it
+    assert not rest, f"{command} takes no arguments, got {rest}"
+    return
   assert command in cli.COMMANDS, f"unknown command {command!r}"
   if command in DEFAULT_RECIPE:
     cfg = common.load_recipe(rest, DEFAULT_RECIPE[command])
