@@ -145,7 +145,11 @@ def _build(graphdef, cfg, config, record_trace):
 
 
 class DiffusionGemmaSampler:
-  """Compiled prefill and canvas programs for one model (reuse across calls).
+  """Samples a model with compiled prefill and canvas programs.
+
+  The programs are shared by every sampler of a model with an equal
+  GraphDef and the same settings (`_PROGRAMS`), so a new sampler of a
+  reloaded or retrained model of one architecture compiles nothing again.
 
   On a mesh (`mesh`, several devices, possibly several processes) the rows
   of every call are sharded over its fsdp axis (`distributed.call_sharded`:
