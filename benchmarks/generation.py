@@ -296,12 +296,13 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
     schedule = SCHEDULES[name]
     block = schedule["block_size"]
     denoise_config = config_lib.DenoiseConfig(mask_token_id=mask_id, **schedule)
-    out, total = median_seconds(
-        lambda c=denoise_config: cached.generate(
-            model, tokens, lengths, c, max_new_tokens=new,
-            cache_phases=phases, lockstep=lockstep,
-            ragged_cache=ragged, fused_head=fused).tokens,
-        args.repeats)
+    run = lambda c=denoise_config: cached.generate(
+        model, tokens, lengths, c, max_new_tokens=new, cache_phases=phases,
+        lockstep=lockstep, ragged_cache=ragged, fused_head=fused).tokens
+    start = time.perf_counter()
+    jax.block_until_ready(run())  # the first call: tracing and compiling
+    first_s = time.perf_counter() - start
+    out, total = median_seconds(run, args.repeats)
     result = cached.generate(model, tokens, lengths, denoise_config,
                              max_new_tokens=new, cache_phases=phases,
                              lockstep=lockstep, ragged_cache=ragged,
@@ -342,7 +343,8 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
         schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
-        speedup=ar_total / total, floor_ms=1e3 * floor, **raw, **agree))
+        speedup=ar_total / total, floor_ms=1e3 * floor, first_call_s=first_s,
+        **raw, **agree))
     _progress(rows[-1])
     del out
   return rows
@@ -350,7 +352,9 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
 
 def _progress(row: dict) -> None:
   """Prints a row as soon as it is measured (a run cut short keeps it)."""
-  print(format_table([row]).splitlines()[-1], flush=True)
+  first = (f" first call (compiling) {row['first_call_s']:.1f} s"
+           if "first_call_s" in row else "")
+  print(format_table([row]).splitlines()[-1] + first, flush=True)
 
 
 def format_table(rows: list[dict]) -> str:

@@ -91,7 +91,43 @@ def _build(graphdef, key):
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
                               num_new)
 
-  return jax.jit(run)
+  if not use_cache or cache_phases == 1:
+    return jax.jit(run)
+  return _staged(graphdef, key)
+
+
+def _staged(graphdef, key):
+  """The cached loop as one program per stage, driven from the host.
+
+  One program holding every phase's copy of the loop body (the whole model)
+  did not finish compiling in 10 minutes on a TPU v5e at 8 phases; each
+  stage's program compiles like the one-phase loop. The loop state goes
+  from one to the next donated, so its cache is updated in place.
+  """
+  (config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head) = key
+
+  def stages(state, prompt_tokens, lengths, rng):
+    return cached_loop.cached_stages(
+        nnx.merge(graphdef, state), prompt_tokens, lengths, rng, config,
+        num_new, cache_phases, lockstep, ragged_cache, fused_head)
+
+  init = jax.jit(lambda *inputs: stages(*inputs).init())
+  phases = [
+      jax.jit(lambda loop, *inputs, p=p: stages(*inputs).run_phase(loop, p),
+              donate_argnums=0) for p in range(cache_phases)
+  ]
+  finish = jax.jit(lambda loop, *inputs: stages(*inputs).finish(loop))
+
+  def run(state, prompt_tokens, lengths, rng):
+    inputs = (state, prompt_tokens, lengths, rng)
+    loop = init(*inputs)
+    count = cached_loop.num_phases(prompt_tokens.shape[1], num_new,
+                                   config.block_size, cache_phases)
+    for phase in phases[:count]:
+      loop = phase(loop, *inputs)
+    return finish(loop, *inputs)
+
+  return run
 
 
 def _check_generate_inputs(

@@ -50,6 +50,8 @@ Shapes: B batch, P prompt width, N `max_new_tokens`, W `block_size`, V vocab.
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 
@@ -65,16 +67,68 @@ from tunix_blockdiff.rollout import window_attention
 _State = cached_state.CachedState
 
 
+def _cache_layout(prompt_width: int, num_new: int, width: int,
+                  cache_phases: int) -> tuple[int, int, list[int]]:
+  """(prefill slots, cache slots S, phase segment bounds [0, ..., S]).
+
+  The cache is one array per phase (a segment of slots [bounds[i],
+  bounds[i + 1])): phase p reads segments 0..p whole. A slice of one array
+  was copied at every step on the TPU (1.5 ms a step at batch 128).
+  """
+  prefill_len = (prompt_width // width) * width
+  # S: whole chunks of the cache (`window_attention.Cache`).
+  size = window_attention.chunked_size(
+      prefill_len + -(-(width - 1 + num_new) // width) * width)
+  bounds = [0] + cached_state.phase_extents(prefill_len, size, width,
+                                            cache_phases)
+  return prefill_len, size, bounds
+
+
+def num_phases(prompt_width: int, num_new: int, width: int,
+               cache_phases: int) -> int:
+  """How many phases `cached_stages` makes (at most `cache_phases`)."""
+  return len(_cache_layout(prompt_width, num_new, width, cache_phases)[2]) - 1
+
+
+class Stages(NamedTuple):
+  """The cached loop in parts, each traceable on its own (`cached_stages`).
+
+  `finish(run_phase(...run_phase(init(), 0)..., num_phases - 1))` is the
+  whole loop (`cached_program`); each part may be its own program, the
+  state passed (and donated) between them.
+  """
+
+  init: Callable[[], _State]  # prefill and the initial state
+  run_phase: Callable[[_State, int], _State]  # phase p's steps
+  finish: Callable[[_State], result_lib.GenerationResult]
+  num_phases: int
+
+
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
                    cache_phases: int = 1, lockstep: bool = False,
                    ragged_cache: bool = False, fused_head: bool = False):
-  """Traced body of the cached `generate`; see the module docstring.
+  """Traced body of the cached `generate`: every stage in one program."""
+  stages = cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
+                         cache_phases, lockstep, ragged_cache, fused_head)
+  state = stages.init()
+  for phase in range(stages.num_phases):
+    state = stages.run_phase(state, phase)
+  return stages.finish(state)
+
+
+def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
+                  cache_phases: int = 1, lockstep: bool = False,
+                  ragged_cache: bool = False,
+                  fused_head: bool = False) -> Stages:
+  """The cached `generate`'s stages; see the module docstring.
+
+  Every stage recomputes the layout from the same inputs (cheap index
+  arithmetic); only `init` calls the model on the prompt.
 
   `cache_phases` > 1 splits the loop into that many phases, each reading
   only the cache slots that its steps can use (a static prefix of the
   cache, kept as separate arrays: segments 0..p of phase p), instead of
-  every slot at every step; the same outputs up to rounding, one copy of
-  the loop body per phase in the program.
+  every slot at every step; the same outputs up to rounding.
 
   `lockstep` holds a row that has finished its block (its next block's
   first step is a fused one) while any live row is still inside its block,
@@ -131,19 +185,13 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
   # The cache: logical slot k of row b at cache slot k + shift[b] (module
   # docstring), so every row's prefilled blocks end at `prefill_len`.
   written = (lengths // width) * width
-  prefill_len = (prompt_width // width) * width
+  prefill_len, size, bounds = _cache_layout(prompt_width, num_new, width,
+                                            cache_phases)
   shift = prefill_len - written
-  # S: whole chunks of the cache (`window_attention.Cache`).
-  size = window_attention.chunked_size(
-      prefill_len + -(-(width - 1 + num_new) // width) * width)
   cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
   dtype = kv_cache.activation_dtype(model)
 
-  # The cache is one array per phase (a segment of slots [bounds[i],
-  # bounds[i + 1])): phase p reads segments 0..p whole. A slice of one
-  # array was copied at every step on the TPU (1.5 ms a step at batch 128).
-  bounds = [0] + cached_state.phase_extents(prefill_len, size, width,
-                                            cache_phases)
+  shifted = config.alignment == "shifted"
 
   def cached(segments, limit, phase):
     """The `window_call` parts of segments 0..`phase`: logical [0, limit).
@@ -173,31 +221,6 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
           segments[i], block, start - lo, rows & (start >= lo) & (start < hi),
           start_step=width)
     return tuple(segments)
-
-  cache = tuple(window_attention.init_cache(model, batch, hi - lo, dtype)
-                for lo, hi in zip(bounds, bounds[1:]))
-  # The shifted alignment's carried logit; a placeholder otherwise.
-  shifted = config.alignment == "shifted"
-  carry = jnp.zeros((batch, vocab if shifted else 1), jnp.float32)
-  if prefill_len:
-    # The complete prompt blocks, in the cache's order: cache slot p holds
-    # logical slot p - shift (none where that is negative).
-    logical = cache_slot[:, :prefill_len] - shift[:, None]
-    keys_ok = logical >= 0
-    logical = jnp.maximum(logical, 0)
-    q_slot = jnp.arange(prefill_len, dtype=jnp.int32)
-    mask = keys_ok[:, None, :] & (
-        q_slot[None, None, :] // width <= q_slot[None, :, None] // width)
-    # Logits only of the last prefilled slot, logical written - 1 in every
-    # row (shifted; else unused): the whole prompt's would be [B, P, V].
-    logits, keys, values = call(
-        jnp.take_along_axis(tokens0, logical, axis=1), logical, [], mask,
-        lambda x: x[:, -1:])
-    cache = (window_attention.cache_from_block(
-        window_attention.as_block(keys, values, prefill_len), bounds[1]),
-             *cache[1:])
-    if shifted:
-      carry = logits[:, 0].astype(jnp.float32)
 
   # Shifted: slot i of a block is predicted by the logit of slot i - 1, so a
   # call needs the logits of the W slots before the active block's last
@@ -359,56 +382,89 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
         plain_steps_due, lambda s: step(s, False, phase), state
     )
 
-  init = _State(
-      step=jnp.zeros((), jnp.int32),
-      row_step=jnp.zeros((batch,), jnp.int32),
-      tokens=tokens0,
-      commit_step=jnp.full((batch, total), -1, jnp.int32),
-      logprobs=jnp.zeros((batch, total), jnp.float32),
-      block_steps=jnp.zeros((batch,), jnp.int32),
-      last_block=jnp.full((batch,), -1, jnp.int32),
-      cache=cache,
-      written=written,
-      fresh=window_attention.init_block(model, batch, width, dtype),
-      fresh_start=written,
-      fresh_valid=jnp.zeros((batch,), bool),
-      carry=carry,
-  )
+  def init() -> _State:
+    """The prefilled cache and the initial state."""
+    cache = tuple(window_attention.init_cache(model, batch, hi - lo, dtype)
+                  for lo, hi in zip(bounds, bounds[1:]))
+    # The shifted alignment's carried logit; a placeholder otherwise.
+    carry = jnp.zeros((batch, vocab if shifted else 1), jnp.float32)
+    if prefill_len:
+      # The complete prompt blocks, in the cache's order: cache slot p holds
+      # logical slot p - shift (none where that is negative).
+      logical = cache_slot[:, :prefill_len] - shift[:, None]
+      keys_ok = logical >= 0
+      logical = jnp.maximum(logical, 0)
+      q_slot = jnp.arange(prefill_len, dtype=jnp.int32)
+      mask = keys_ok[:, None, :] & (
+          q_slot[None, None, :] // width <= q_slot[None, :, None] // width)
+      # Logits only of the last prefilled slot, logical written - 1 in every
+      # row (shifted; else unused): the whole prompt's would be [B, P, V].
+      logits, keys, values = call(
+          jnp.take_along_axis(tokens0, logical, axis=1), logical, [], mask,
+          lambda x: x[:, -1:])
+      cache = (window_attention.cache_from_block(
+          window_attention.as_block(keys, values, prefill_len), bounds[1]),
+               *cache[1:])
+      if shifted:
+        carry = logits[:, 0].astype(jnp.float32)
+
+    return _State(
+        step=jnp.zeros((), jnp.int32),
+        row_step=jnp.zeros((batch,), jnp.int32),
+        tokens=tokens0,
+        commit_step=jnp.full((batch, total), -1, jnp.int32),
+        logprobs=jnp.zeros((batch, total), jnp.float32),
+        block_steps=jnp.zeros((batch,), jnp.int32),
+        last_block=jnp.full((batch,), -1, jnp.int32),
+        cache=cache,
+        written=written,
+        fresh=window_attention.init_block(model, batch, width, dtype),
+        fresh_start=written,
+        fresh_valid=jnp.zeros((batch,), bool),
+        carry=carry,
+    )
+
   # Phases: an outer iteration reads the cache slots of each row's logical
   # [0, written) (shifted) as they are at its start; a phase runs while
   # those lie in its segments.
-  final = init
-  for phase, extent in enumerate(bounds[1:]):
+  def run_phase(state: _State, phase: int) -> _State:
+    extent = bounds[phase + 1]
 
-    def phase_live(state: _State, extent=extent):
+    def phase_live(state: _State):
       live = any_live(state)
       if extent < size:
         live &= jnp.max(state.written + shift) <= extent
       return live
 
-    final = jax.lax.while_loop(
-        phase_live, lambda s, phase=phase: outer_body(s, phase), final)
-  padded = transition.pad_after_eos(
-      final.tokens,
-      final.commit_step,
-      final.logprobs,
-      positions,
-      completion,
-      config,
-  )
-  new_slots = lengths[:, None] + jnp.arange(num_new, dtype=jnp.int32)[None, :]
+    return jax.lax.while_loop(
+        phase_live, lambda s: outer_body(s, phase), state)
 
-  def completion_of(x):
-    return jnp.take_along_axis(x, new_slots, axis=1)
+  def finish(final: _State) -> result_lib.GenerationResult:
+    """The completions (padded after EOS) and the trace of `final`."""
+    padded = transition.pad_after_eos(
+        final.tokens,
+        final.commit_step,
+        final.logprobs,
+        positions,
+        completion,
+        config,
+    )
+    new_slots = (lengths[:, None]
+                 + jnp.arange(num_new, dtype=jnp.int32)[None, :])
 
-  return result_lib.GenerationResult(
-      tokens=completion_of(padded[0]),
-      commit_step=completion_of(padded[1]),
-      logprobs=completion_of(padded[2]),
-      num_steps=final.step,
-      prompt_tokens=prompt_tokens,
-      prompt_lengths=lengths,
-      trace_tokens=completion_of(final.tokens),
-      trace_commit_step=completion_of(final.commit_step),
-      trace_logprobs=completion_of(final.logprobs),
-  )
+    def completion_of(x):
+      return jnp.take_along_axis(x, new_slots, axis=1)
+
+    return result_lib.GenerationResult(
+        tokens=completion_of(padded[0]),
+        commit_step=completion_of(padded[1]),
+        logprobs=completion_of(padded[2]),
+        num_steps=final.step,
+        prompt_tokens=prompt_tokens,
+        prompt_lengths=lengths,
+        trace_tokens=completion_of(final.tokens),
+        trace_commit_step=completion_of(final.commit_step),
+        trace_logprobs=completion_of(final.logprobs),
+    )
+
+  return Stages(init, run_phase, finish, len(bounds) - 1)
