@@ -1,5 +1,6 @@
 """Tests for exact block-KV-cached generation (DESIGN.md 5.4, 5.5)."""
 
+import contextlib
 import functools
 import importlib.util
 import pathlib
@@ -16,6 +17,7 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
+from tunix_blockdiff.rollout import cached_loop
 from tunix_blockdiff.rollout import cached_state
 
 _spec = importlib.util.spec_from_file_location(
@@ -407,13 +409,37 @@ def test_cache_phases_give_the_same_generation(phases):
   config = config_lib.DenoiseConfig(block_size=BLOCK, mask_token_id=MASK,
                                     threshold=0.2, alignment="shifted",
                                     temperature=1.0)
-  runs = [
-      cached.generate(model, prompts, lengths, config, max_new_tokens=21,
-                      rng=jax.random.key(3), cache_phases=n)
-      for n in (1, phases)
-  ]
+  run = functools.partial(cached.generate, model, prompts, lengths, config,
+                          max_new_tokens=21, rng=jax.random.key(3))
+  one_phase = run(cache_phases=1)
+  with _counting_compiles() as compiles:
+    staged = run(cache_phases=phases)
+  # Each stage compiled once (in threads, before it runs), none twice.
+  stages = cached_loop.num_phases(PROMPT_WIDTH, 21, BLOCK, phases) + 2
+  assert len(compiles) == stages, compiles
+  with _counting_compiles() as compiles:
+    again = run(cache_phases=phases)
+  assert not compiles
   # Shorter key axes sum in another order: log-probs agree to rounding.
-  generations.assert_same_generation(runs[1], runs[0])
+  generations.assert_same_generation(staged, one_phase)
+  generations.assert_same_generation(again, staged)
+
+
+@contextlib.contextmanager
+def _counting_compiles():
+  """Yields the list of XLA compilations made inside the block."""
+  compiles = []
+
+  def listen(event, duration, **kwargs):
+    del duration, kwargs
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listen)
+  try:
+    yield compiles
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 @pytest.mark.parametrize(

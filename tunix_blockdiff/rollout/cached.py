@@ -11,7 +11,9 @@ logits; both give the same tokens and commit steps. The pieces live in
 
 from __future__ import annotations
 
+from concurrent import futures
 import numbers
+import threading
 
 from flax import nnx
 import jax
@@ -100,9 +102,12 @@ def _staged(graphdef, key):
   """The cached loop as one program per stage, driven from the host.
 
   One program holding every phase's copy of the loop body (the whole model)
-  did not finish compiling in 10 minutes on a TPU v5e at 8 phases; each
-  stage's program compiles like the one-phase loop. The loop state goes
-  from one to the next donated, so its cache is updated in place.
+  did not finish compiling in 10 minutes on a TPU v5e at 8 phases. Here the
+  first call of a prompt shape lowers every stage and compiles them from a
+  thread pool (XLA's compiler releases the GIL; `benchmarks/
+  stage_compile.py`: 0.58x the time in turn on a v5e host, 4 phases). The
+  loop state goes from one stage to the next donated, so its cache is
+  updated in place.
   """
   (config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head) = key
 
@@ -117,17 +122,40 @@ def _staged(graphdef, key):
               donate_argnums=0) for p in range(cache_phases)
   ]
   finish = jax.jit(lambda loop, *inputs: stages(*inputs).finish(loop))
+  compiled = set()  # the prompt shapes whose stages are compiled
+  lock = threading.Lock()
 
   def run(state, prompt_tokens, lengths, rng):
     inputs = (state, prompt_tokens, lengths, rng)
-    loop = init(*inputs)
     count = cached_loop.num_phases(prompt_tokens.shape[1], num_new,
                                    config.block_size, cache_phases)
+    programs_in_use = [init, *phases[:count], finish]
+    shape = (prompt_tokens.shape, prompt_tokens.dtype, lengths.dtype)
+    traced = any(isinstance(x, jax.core.Tracer)
+                 for x in jax.tree.leaves(inputs))
+    with lock:
+      if not traced and shape not in compiled:
+        _compile_in_threads(programs_in_use, inputs)
+        compiled.add(shape)
+    loop = init(*inputs)
     for phase in phases[:count]:
       loop = phase(loop, *inputs)
     return finish(loop, *inputs)
 
   return run
+
+
+def _compile_in_threads(stage_programs, inputs):
+  """Lowers `[init, *phases, finish]` here, then compiles them in threads.
+
+  A jitted function's later calls with these input shapes reuse what its
+  `lower(...).compile()` compiled.
+  """
+  loop = jax.eval_shape(stage_programs[0], *inputs)
+  lowered = [stage_programs[0].lower(*inputs)]
+  lowered += [program.lower(loop, *inputs) for program in stage_programs[1:]]
+  with futures.ThreadPoolExecutor(len(lowered)) as pool:
+    list(pool.map(lambda program: program.compile(), lowered))
 
 
 def _check_generate_inputs(
@@ -214,8 +242,9 @@ def generate(
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
-  The whole loop is one jitted program, compiled once per (architecture,
-  config, shapes, modes) and reused: the model's current parameters are
+  The whole loop is one jitted program (one per stage with
+  `cache_phases` > 1), compiled once per (architecture, config, shapes,
+  modes) and reused: the model's current parameters are
   passed in on every call, so updated weights need no recompilation, and
   another model with an equal `nnx.GraphDef` (a new instance, a reloaded
   checkpoint) reuses the program (the 32 most recent are kept).
@@ -243,8 +272,9 @@ def generate(
       reading only the prefix of the KV cache that its steps can use (its
       attention otherwise reads every slot at every step); the same tokens
       and commit steps up to floating-point near-ties (as between the
-      cached and cacheless paths), one copy of the loop in the program per
-      phase (so a longer compile). Whether it pays depends on the accelerator:
+      cached and cacheless paths). Each stage (prefill, phases, result) is
+      its own program, all compiled from a thread pool on the first call of
+      a prompt shape. Whether it pays depends on the accelerator:
       `benchmarks/generation.py --cache-phases` times it.
     lockstep: The cached driver holds a row that has finished its block
       while any row is still inside its own, so the rows start their next

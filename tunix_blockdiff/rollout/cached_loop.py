@@ -1,4 +1,4 @@
-"""The cached generation loop (DESIGN.md 5.4): one jit-traced program.
+"""The cached generation loop (DESIGN.md 5.4): jit-traced stages.
 
 `generate(model, prompt_tokens, prompt_lengths, config, max_new_tokens=N)`
 runs the same transition as `denoise` (the pieces are shared), but each step
