@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The accelerator checks, in one pass, on a GPU or a TPU: generation at real
 # sizes (Tunix's Sampler against the cached generate, with a floor), the
-# cached loop in 4 phases against 1 (generation_phases), rows in lockstep
+# cached loop in 4 phases against 1 (generation_phases), the compile time
+# of its stage programs in turn and in threads (stage_compile), rows in lockstep
 # (generation_lockstep), the Pallas cache read (generation_ragged, and alone
 # against XLA's attention: cache_kernel), the fused greedy head (alone:
 # head_kernel; in generate: generation_fused_head), its per-op
@@ -41,7 +42,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases generation_lockstep generation_ragged cache_kernel generation_fused_head head_kernel profile_generation sft_step_real sft_step_long sft_step_micro diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases stage_compile generation_lockstep generation_ragged cache_kernel generation_fused_head head_kernel profile_generation sft_step_real sft_step_long sft_step_micro diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -56,6 +57,11 @@ for name in $all; do
       --model qwen3_0p6b --dtype bfloat16 --batch 128,32 --schedules b4s1 \
       --cache-phases 1,4 --raw-calls 0 --repeats 2 \
       --json "$out/generation_phases.json"
+  elif [[ $name == stage_compile ]]; then
+    # The 4-phase loop's stage programs compiled in turn and in threads.
+    step stage_compile 300 python3 benchmarks/stage_compile.py \
+      --model qwen3_0p6b --layers 7 --dtype bfloat16 --batch 32 \
+      --cache-phases 4
   elif [[ $name == generation_lockstep ]]; then
     # Rows kept in phase at block 16 / 4 steps (generate(lockstep=)).
     step generation_lockstep 480 python3 benchmarks/generation.py \
