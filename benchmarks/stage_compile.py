@@ -28,6 +28,7 @@ from tunix.models.qwen3 import model as qwen3_lib
 
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rollout import cached_loop
+from tunix_blockdiff.rollout import cached_state
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import generation  # pylint: disable=g-import-not-at-top,wrong-import-position
@@ -42,7 +43,7 @@ def stage_programs(graphdef, state, tokens, lengths, config, new, phases):
 
   inputs = (state, tokens, lengths, jax.random.key(0))
   loop = jax.eval_shape(lambda *x: stages(*x).init(), *inputs)
-  count = cached_loop.num_phases(tokens.shape[1], new, config.block_size,
+  count = cached_state.num_phases(tokens.shape[1], new, config.block_size,
                                  phases)
   lowered = [("init", jax.jit(lambda *x: stages(*x).init()).lower(*inputs))]
   for p in range(count):

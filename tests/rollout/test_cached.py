@@ -17,7 +17,6 @@ from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.rollout import cached
-from tunix_blockdiff.rollout import cached_loop
 from tunix_blockdiff.rollout import cached_state
 
 _spec = importlib.util.spec_from_file_location(
@@ -415,7 +414,7 @@ def test_cache_phases_give_the_same_generation(phases):
   with _counting_compiles() as compiles:
     staged = run(cache_phases=phases)
   # Each stage compiled once (in threads, before it runs), none twice.
-  stages = cached_loop.num_phases(PROMPT_WIDTH, 21, BLOCK, phases) + 2
+  stages = cached_state.num_phases(PROMPT_WIDTH, 21, BLOCK, phases) + 2
   assert len(compiles) == stages, compiles
   with _counting_compiles() as compiles:
     again = run(cache_phases=phases)

@@ -25,6 +25,7 @@ from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import programs
 from tunix_blockdiff.rollout import cache_kernel
 from tunix_blockdiff.rollout import cached_loop
+from tunix_blockdiff.rollout import cached_state
 from tunix_blockdiff.rollout import denoise as denoise_lib
 from tunix_blockdiff.rollout import kv_cache
 from tunix_blockdiff.rollout import result as result_lib
@@ -127,7 +128,7 @@ def _staged(graphdef, key):
 
   def run(state, prompt_tokens, lengths, rng):
     inputs = (state, prompt_tokens, lengths, rng)
-    count = cached_loop.num_phases(prompt_tokens.shape[1], num_new,
+    count = cached_state.num_phases(prompt_tokens.shape[1], num_new,
                                    config.block_size, cache_phases)
     programs_in_use = [init, *phases[:count], finish]
     shape = (prompt_tokens.shape, prompt_tokens.dtype, lengths.dtype)

@@ -50,8 +50,6 @@ Shapes: B batch, P prompt width, N `max_new_tokens`, W `block_size`, V vocab.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 import jax
 import jax.numpy as jnp
 
@@ -65,43 +63,6 @@ from tunix_blockdiff.rollout import transition
 from tunix_blockdiff.rollout import window_attention
 
 _State = cached_state.CachedState
-
-
-def _cache_layout(prompt_width: int, num_new: int, width: int,
-                  cache_phases: int) -> tuple[int, int, list[int]]:
-  """(prefill slots, cache slots S, phase segment bounds [0, ..., S]).
-
-  The cache is one array per phase (a segment of slots [bounds[i],
-  bounds[i + 1])): phase p reads segments 0..p whole. A slice of one array
-  was copied at every step on the TPU (1.5 ms a step at batch 128).
-  """
-  prefill_len = (prompt_width // width) * width
-  # S: whole chunks of the cache (`window_attention.Cache`).
-  size = window_attention.chunked_size(
-      prefill_len + -(-(width - 1 + num_new) // width) * width)
-  bounds = [0] + cached_state.phase_extents(prefill_len, size, width,
-                                            cache_phases)
-  return prefill_len, size, bounds
-
-
-def num_phases(prompt_width: int, num_new: int, width: int,
-               cache_phases: int) -> int:
-  """How many phases `cached_stages` makes (at most `cache_phases`)."""
-  return len(_cache_layout(prompt_width, num_new, width, cache_phases)[2]) - 1
-
-
-class Stages(NamedTuple):
-  """The cached loop in parts, each traceable on its own (`cached_stages`).
-
-  `finish(run_phase(...run_phase(init(), 0)..., num_phases - 1))` is the
-  whole loop (`cached_program`); each part may be its own program, the
-  state passed (and donated) between them.
-  """
-
-  init: Callable[[], _State]  # prefill and the initial state
-  run_phase: Callable[[_State, int], _State]  # phase p's steps
-  finish: Callable[[_State], result_lib.GenerationResult]
-  num_phases: int
 
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
@@ -119,7 +80,7 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
 def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
                   cache_phases: int = 1, lockstep: bool = False,
                   ragged_cache: bool = False,
-                  fused_head: bool = False) -> Stages:
+                  fused_head: bool = False) -> cached_state.Stages:
   """The cached `generate`'s stages; see the module docstring.
 
   Every stage recomputes the layout from the same inputs (cheap index
@@ -185,8 +146,8 @@ def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
   # The cache: logical slot k of row b at cache slot k + shift[b] (module
   # docstring), so every row's prefilled blocks end at `prefill_len`.
   written = (lengths // width) * width
-  prefill_len, size, bounds = _cache_layout(prompt_width, num_new, width,
-                                            cache_phases)
+  prefill_len, size, bounds = cached_state.cache_layout(
+      prompt_width, num_new, width, cache_phases)
   shift = prefill_len - written
   cache_slot = jnp.arange(size, dtype=jnp.int32)[None, :]
   dtype = kv_cache.activation_dtype(model)
@@ -467,4 +428,4 @@ def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
         trace_logprobs=completion_of(final.logprobs),
     )
 
-  return Stages(init, run_phase, finish, len(bounds) - 1)
+  return cached_state.Stages(init, run_phase, finish, len(bounds) - 1)
