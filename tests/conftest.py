@@ -17,6 +17,7 @@
   OPD's eager, op-by-op divergence over the mesh, fixed in `rl/opd.py`.)
 """
 
+import gc
 import os
 import shutil
 import tempfile
@@ -109,6 +110,26 @@ import pathlib  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
+
+# Python's cyclic garbage collector. A worker's heap is large (JAX, Tunix,
+# transformers, every traced program's caches), and each full collection
+# walks all of it: a whole `pytest -n 2` spent 165 s of its workers' CPU in
+# collections (timed with `gc.callbacks`), many of them Tunix's own
+# explicit `gc.collect()` calls (rl_cluster). So collections are rarer (one
+# per 50,000 net allocations, not 700), and what is alive once the tests
+# are collected (the imported libraries) is frozen out of every
+# collection: 88 s instead of 165, with the workers' peak memory unchanged
+# (6.3 GB). Reference counting frees all acyclic garbage as before; cycles
+# wait longer.
+gc.set_threshold(50_000, 20, 20)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+  del session
+  gc.collect()
+  gc.freeze()
+
 
 # Helper modules beside this file (`kill_resume`, ...) import by name.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
