@@ -1,11 +1,11 @@
 """Compile time of the cached loop's stage programs: in turn or in threads.
 
 `generate(cache_phases=P)` with P > 1 runs one program per stage (the
-prefill, each phase, the result; `rollout.cached`), each holding a copy of
-the model. This times compiling them one after another against compiling
-them from a thread pool (XLA's compiler releases the GIL), each from a
-fresh `jax.jit` (the persistent compilation cache off), so that one can
-tell whether compiling the stages in parallel pays on a host.
+prefill, each phase, the result; `rollout.cached.stage_programs`), each
+holding a copy of the model. This times compiling those programs one after
+another against compiling them from a thread pool (XLA's compiler releases
+the GIL), each from a fresh `jax.jit` (the persistent compilation cache
+off), so that one can tell whether compiling them in parallel pays.
 
     python benchmarks/stage_compile.py --model qwen3_0p6b --layers 7 \\
         --dtype bfloat16 --batch 32 --cache-phases 4
@@ -27,32 +27,26 @@ import jax.numpy as jnp
 from tunix.models.qwen3 import model as qwen3_lib
 
 from tunix_blockdiff import config as config_lib
-from tunix_blockdiff.rollout import cached_loop
+from tunix_blockdiff.rollout import cached
 from tunix_blockdiff.rollout import cached_state
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import generation  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 
-def stage_programs(graphdef, state, tokens, lengths, config, new, phases):
-  """[(name, lowered program)] of every stage, lowered in this thread."""
+def lowered_stages(graphdef, state, tokens, lengths, config, new, phases):
+  """[(name, lowered program)] of every stage that `generate` compiles.
 
-  def stages(state, tokens, lengths, rng):
-    return cached_loop.cached_stages(nnx.merge(graphdef, state), tokens,
-                                     lengths, rng, config, new, phases)
-
-  inputs = (state, tokens, lengths, jax.random.key(0))
-  loop = jax.eval_shape(lambda *x: stages(*x).init(), *inputs)
+  Fresh `jax.jit`s of `cached.stage_programs`, lowered in this thread.
+  """
+  init, phase_programs, finish = cached.stage_programs(graphdef, config, new,
+                                                       phases)
   count = cached_state.num_phases(tokens.shape[1], new, config.block_size,
-                                 phases)
-  lowered = [("init", jax.jit(lambda *x: stages(*x).init()).lower(*inputs))]
-  for p in range(count):
-    lowered.append((f"phase {p}", jax.jit(
-        lambda loop, *x, p=p: stages(*x).run_phase(loop, p),
-        donate_argnums=0).lower(loop, *inputs)))
-  lowered.append(("finish", jax.jit(
-      lambda loop, *x: stages(*x).finish(loop)).lower(loop, *inputs)))
-  return lowered
+                                  phases)
+  names = ["init", *(f"phase {p}" for p in range(count)), "finish"]
+  lowered = cached.lower_stages([init, *phase_programs[:count], finish],
+                                (state, tokens, lengths, jax.random.key(0)))
+  return list(zip(names, lowered))
 
 
 def main(argv=None) -> int:
@@ -88,7 +82,7 @@ def main(argv=None) -> int:
   times = {}
   for mode in ("threads", "in turn"):
     start = time.perf_counter()
-    lowered = stage_programs(graphdef, state, tokens, lengths, config,
+    lowered = lowered_stages(graphdef, state, tokens, lengths, config,
                              args.new_tokens, args.cache_phases)
     lower_s = time.perf_counter() - start
     start = time.perf_counter()

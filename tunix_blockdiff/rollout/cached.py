@@ -111,18 +111,9 @@ def _staged(graphdef, key):
   updated in place.
   """
   (config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head) = key
-
-  def stages(state, prompt_tokens, lengths, rng):
-    return cached_loop.cached_stages(
-        nnx.merge(graphdef, state), prompt_tokens, lengths, rng, config,
-        num_new, cache_phases, lockstep, ragged_cache, fused_head)
-
-  init = jax.jit(lambda *inputs: stages(*inputs).init())
-  phases = [
-      jax.jit(lambda loop, *inputs, p=p: stages(*inputs).run_phase(loop, p),
-              donate_argnums=0) for p in range(cache_phases)
-  ]
-  finish = jax.jit(lambda loop, *inputs: stages(*inputs).finish(loop))
+  init, phases, finish = stage_programs(graphdef, config, num_new,
+                                        cache_phases, lockstep, ragged_cache,
+                                        fused_head)
   compiled = set()  # the prompt shapes whose stages are compiled
   lock = threading.Lock()
 
@@ -146,15 +137,48 @@ def _staged(graphdef, key):
   return run
 
 
-def _compile_in_threads(stage_programs, inputs):
+def stage_programs(graphdef, config, num_new: int, cache_phases: int,
+                   lockstep: bool = False, ragged_cache: bool = False,
+                   fused_head: bool = False):
+  """(init, phases, finish): the cached loop's stages, each jitted.
+
+  `phases[p]` runs phase p (`cache_phases` of them; a prompt width may
+  use fewer, `cached_state.num_phases`) and is donated the loop state.
+  Each takes `(loop state, model state, prompt_tokens, lengths, rng)`;
+  `init` the last four only.
+  """
+
+  def stages(state, prompt_tokens, lengths, rng):
+    return cached_loop.cached_stages(
+        nnx.merge(graphdef, state), prompt_tokens, lengths, rng, config,
+        num_new, cache_phases, lockstep, ragged_cache, fused_head)
+
+  init = jax.jit(lambda *inputs: stages(*inputs).init())
+  phases = [
+      jax.jit(lambda loop, *inputs, p=p: stages(*inputs).run_phase(loop, p),
+              donate_argnums=0) for p in range(cache_phases)
+  ]
+  finish = jax.jit(lambda loop, *inputs: stages(*inputs).finish(loop))
+  return init, phases, finish
+
+
+def lower_stages(programs, inputs) -> list:
+  """`[init, *phases, finish]` lowered for `inputs` (init's last four).
+
+  The loop state they pass on is typed by `init`'s output shapes.
+  """
+  loop = jax.eval_shape(programs[0], *inputs)
+  return [programs[0].lower(*inputs)] + [
+      program.lower(loop, *inputs) for program in programs[1:]]
+
+
+def _compile_in_threads(programs, inputs):
   """Lowers `[init, *phases, finish]` here, then compiles them in threads.
 
   A jitted function's later calls with these input shapes reuse what its
   `lower(...).compile()` compiled.
   """
-  loop = jax.eval_shape(stage_programs[0], *inputs)
-  lowered = [stage_programs[0].lower(*inputs)]
-  lowered += [program.lower(loop, *inputs) for program in stage_programs[1:]]
+  lowered = lower_stages(programs, inputs)
   with futures.ThreadPoolExecutor(len(lowered)) as pool:
     list(pool.map(lambda program: program.compile(), lowered))
 
