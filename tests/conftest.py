@@ -32,12 +32,20 @@ import time
 # The float rounding differs from level 1's; the exactness tests
 # compare programs within one setting, and the one tie that rounding alone
 # decides (an empty prompt's all-mask block) is exempted where it is named.
+# One LLVM module per program, not split for parallel code generation: XLA
+# splits a large one into up to 32 parts (a DiffusionGemma train step's
+# objects were part_00 .. part_31) and the splitting costs more CPU than
+# the parallel parts save on 2 cores busy with 2 workers. Compiling that
+# step took 2.1-2.6 s of CPU instead of 3.0 s, a 2-layer Qwen3 step 183-209
+# ms instead of 275-295 ms, and 4 compile-heavy test modules under
+# `pytest -n 2` 182-196 s of CPU instead of 197-206 s (docs/changelog.md).
 # Launched processes (jobs under `launch`, notebook kernels) inherit them.
 os.environ.setdefault(
     "XLA_FLAGS",
     "--xla_force_host_platform_device_count=8"
     " --xla_backend_optimization_level=0"
-    " --xla_cpu_use_fusion_emitters=false",
+    " --xla_cpu_use_fusion_emitters=false"
+    " --xla_cpu_parallel_codegen_split_count=1",
 )
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 CACHE_PREFIX = "tunix_blockdiff_test_jax_cache_"

@@ -35,6 +35,8 @@ _TOTALS: collections.Counter = collections.Counter()
 _LOWERED: collections.Counter = collections.Counter()
 _LOWERED_S: collections.Counter = collections.Counter()
 _TRACED_S: collections.Counter = collections.Counter()
+_COMPILED_S: collections.Counter = collections.Counter()
+SMALL_PROGRAM_S = 0.04
 _STAGES = {
     "trace": "/jax/core/compile/jaxpr_trace_duration",
     "lower": "/jax/core/compile/jaxpr_to_mlir_module_duration",
@@ -50,6 +52,8 @@ def _listen(event: str, duration: float, **kwargs) -> None:
     _LOWERED_S[name] += duration
   elif event == _STAGES["trace"]:
     _TRACED_S[str(kwargs.get("fun_name", "?"))] += duration
+  elif event == _STAGES["compile"]:
+    _COMPILED_S[str(kwargs.get("fun_name", "?"))] += duration
 
 
 def _install() -> None:
@@ -75,6 +79,7 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
   _LOWERED.clear()
   _LOWERED_S.clear()
   _TRACED_S.clear()
+  _COMPILED_S.clear()
   own, children = _cpu(os.times())
   yield
   own_after, children_after = _cpu(os.times())
@@ -86,9 +91,12 @@ def pytest_runtest_protocol(item, nextitem):  # pylint: disable=unused-argument
       **{stage: round(_TOTALS[event] - before.get(event, 0.0), 3)
          for stage, event in _STAGES.items()},
       "lowerings": sum(_LOWERED.values()),
-      # The five functions with the most lowering time: [name, count, s].
+      # Every lowered function, most lowering time first: [name, count, s].
       "lowered": [[name, _LOWERED[name], round(seconds, 3)]
-                  for name, seconds in _LOWERED_S.most_common(5)],
+                  for name, seconds in _LOWERED_S.most_common()],
+      # Every compiled function, most XLA compilation time first: [name, s].
+      "compiled": [[name, round(seconds, 3)]
+                   for name, seconds in _COMPILED_S.most_common()],
       # The five functions with the most tracing time: [name, s].
       "traced": [[name, round(seconds, 3)]
                  for name, seconds in _TRACED_S.most_common(5)],
@@ -119,7 +127,7 @@ def summarize(directory: str | os.PathLike, slowest: int = 10) -> str:
   ]
   for record in sorted(records, key=lambda r: -r["wall"])[:slowest]:
     lines.append(f"{record['wall']:8.1f} s  {record['id']}")
-  # Lowering by function name, over each test's five heaviest names.
+  # Lowering by function name.
   seconds, counts = collections.Counter(), collections.Counter()
   for record in records:
     for name, count, spent in record.get("lowered", ()):
@@ -130,6 +138,25 @@ def summarize(directory: str | os.PathLike, slowest: int = 10) -> str:
                  " the most lowering time, by function:")
     for name, spent in seconds.most_common(slowest):
       lines.append(f"{spent:8.1f} s  x{counts[name]:<5d} {name}")
+  compiled = collections.Counter()
+  for record in records:
+    for name, spent in record.get("compiled", ()):
+      compiled[name] += spent
+  if compiled:
+    lines.append("the most XLA compilation time, by function:")
+    for name, spent in compiled.most_common(slowest):
+      lines.append(f"{spent:8.1f} s  x{counts[name]:<5d} {name}")
+    # Small programs: names whose compilations average under
+    # SMALL_PROGRAM_S, mostly eager op-by-op dispatch (a jitted primitive or
+    # jnp function per new shape), where a fixed cost per program (an MLIR
+    # context per lowering, XLA's per-compile setup) is most of the time.
+    small = [name for name in compiled
+             if compiled[name] < SMALL_PROGRAM_S * max(counts[name], 1)]
+    lines.append(
+        f"small programs (< {SMALL_PROGRAM_S * 1000:.0f} ms a compile):"
+        f" {sum(counts[n] for n in small)} lowerings,"
+        f" {sum(seconds[n] for n in small):.0f} s lowering +"
+        f" {sum(compiled[n] for n in small):.0f} s compiling")
   return "\n".join(lines)
 
 
