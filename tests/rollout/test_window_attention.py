@@ -135,15 +135,20 @@ def test_write_blocks_is_an_update_of_whole_chunks_not_a_scatter():
   assert updates and all("2x3x2x1x16x4" in u for u in updates), updates
 
 
-def test_cache_from_block_holds_the_block_at_slot_zero():
-  block = jnp.arange(2 * 1 * 2 * 20 * 4, dtype=jnp.float32).reshape(
-      2, 1, 2, 20, 4)
-  cache = wa.cache_from_block(wa.Cache(block, -block), 40)
-  assert cache.k.shape == (2, 1, 2, 3, wa.TILE, 4)
+@settings(max_examples=15, deadline=None)
+@given(width=st.integers(1, 40), size=st.integers(0, 64))
+def test_cache_from_block_holds_the_block_at_slot_zero(width, size):
+  """Whole chunks of at least max(size, width) slots; zeros past the block."""
+  block = jnp.arange(2 * 1 * 2 * width * 4, dtype=jnp.float32).reshape(
+      2, 1, 2, width, 4) + 1
+  cache = wa.cache_from_block(wa.Cache(block, -block), size)
+  chunks = -(-max(size, width) // wa.TILE)
+  assert cache.k.shape == (2, 1, 2, chunks, wa.TILE, 4)
   view = wa.slots(cache)
-  np.testing.assert_array_equal(np.asarray(view.k[:, :, :, :20]), block)
-  np.testing.assert_array_equal(np.asarray(view.v[:, :, :, :20]), -block)
-  assert not np.any(np.asarray(view.k[:, :, :, 20:]))
+  np.testing.assert_array_equal(np.asarray(view.k[:, :, :, :width]), block)
+  np.testing.assert_array_equal(np.asarray(view.v[:, :, :, :width]), -block)
+  assert not np.any(np.asarray(view.k[:, :, :, width:]))
+  assert not np.any(np.asarray(view.v[:, :, :, width:]))
 
 
 def test_init_cache_stacks_every_layer():

@@ -52,7 +52,10 @@ def attend(p: families.Projected, parts, window_mask) -> jax.Array:
   As Tunix's attention computes it over one concatenated key axis (scores in
   the input dtype, scaled, masked with `K_MASK`, softmax, weighted values),
   without concatenating keys: the scores of the parts are joined (they are
-  small), the parts' weighted values are summed in float32.
+  small), the parts' weighted values are summed in float32, and the
+  softmax's division comes after the weighted sum (the same values up to
+  rounding: the weights are rounded to the values' dtype before the
+  division, not after).
 
   Args:
     p: The window's projections.
@@ -76,17 +79,26 @@ def attend(p: families.Projected, parts, window_mask) -> jax.Array:
   scores = jnp.concatenate(scores, axis=-1)
   if p.softmax_dtype is not None:
     scores = scores.astype(p.softmax_dtype)
-  probs = jax.nn.softmax(scores, axis=-1).astype(p.k.dtype)
+  # The softmax normalised last: unnormalised weights in the values' dtype
+  # weight the values, and the sum over every part is divided by their
+  # total. Normalised probabilities were one more pass over every slot's
+  # scores on a TPU v5e (0.53 ms of a 17.4 ms call at Qwen3-0.6B, batch
+  # 128, 8 slots a row); here the exponentials fuse into the weighted
+  # values' products.
+  weights = jnp.exp(scores - scores.max(axis=-1, keepdims=True))
+  total = weights.astype(jnp.float32).sum(axis=-1)  # [B, K, G, T]
+  weights = weights.astype(p.k.dtype)
   # Each part's weighted values in the values' dtype (as Tunix's one
   # einsum gives them), summed in float32.
   out, start = 0.0, 0
   for _, values, valid in parts:
     size = valid.shape[1]
-    out += jnp.einsum("BKGTS,BKSH->BTKGH", probs[..., start:start + size],
+    out += jnp.einsum("BKGTS,BKSH->BTKGH", weights[..., start:start + size],
                       values).astype(jnp.float32)
     start += size
-  out += jnp.einsum("BKGTS,BSKH->BTKGH", probs[..., start:],
+  out += jnp.einsum("BKGTS,BSKH->BTKGH", weights[..., start:],
                     p.v).astype(jnp.float32)
+  out = out / jnp.transpose(total, (0, 3, 1, 2))[..., None]
   return out.astype(p.v.dtype).reshape((b, t, n, h))
 
 
@@ -194,13 +206,23 @@ def init_block(model, batch: int, width: int, dtype) -> Cache:
 
 
 def cache_from_block(block: Cache, size: int) -> Cache:
-  """A chunked cache of at least `size` slots holding `block` at slot 0."""
+  """A chunked cache of at least `size` slots holding `block` at slot 0.
+
+  The block is chunked first (padded to whole chunks), then padded with
+  zero chunks: a pad of the `[L, B, K, S, H]` block to the cache's slots
+  followed by the chunking was two passes over the whole cache on a TPU
+  v5e (the pad, then a relayout copy of keys and of values: 14.8 ms of a
+  1.1 s generation at Qwen3-0.6B, batch 128, one cache phase).
+  """
   width = block.k.shape[3]
-  total = chunked_size(max(size, width))
+  chunks = chunked_size(max(size, width)) // TILE
+  block_chunks = chunked_size(width) // TILE
 
   def chunked(x):
-    x = jnp.pad(x, [(0, 0)] * 3 + [(0, total - width), (0, 0)])
-    return x.reshape(x.shape[:3] + (total // TILE, TILE, x.shape[-1]))
+    x = jnp.pad(x, [(0, 0)] * 3 + [(0, block_chunks * TILE - width), (0, 0)])
+    x = x.reshape(x.shape[:3] + (block_chunks, TILE, x.shape[-1]))
+    return jnp.pad(x, [(0, 0)] * 3 + [(0, chunks - block_chunks)]
+                   + [(0, 0)] * 2)
 
   return Cache(chunked(block.k), chunked(block.v))
 
