@@ -10,6 +10,8 @@ mask is refused.
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,24 @@ from tunix_blockdiff.rollout import slot_head
 from tunix_blockdiff.rollout import transition
 
 VOCAB, DIM = 13, 6
+
+
+# Jitted once per (config, shapes), as the driver runs them; hypothesis
+# examples that share a config reuse the compiled programs. The head is
+# `hidden @ weight`.
+@functools.partial(jax.jit, static_argnums=2)
+def _whole_window(hidden, weight, config, noise=None, carry=None):
+  """`transition.propose` on every slot's logits (shifted: carry first)."""
+  logits = hidden @ weight
+  if carry is not None:
+    logits = jnp.concatenate([carry[:, None], logits], axis=1)
+  return transition.propose(logits, config, noise)
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _eligible_only(hidden, weight, eligible, config, noise=None, carry=None):
+  return slot_head.propose_eligible(lambda h: h @ weight, hidden, eligible,
+                                    config, noise, carry=carry)
 
 
 @pytest.mark.parametrize("width, want", [(1, (1,)), (3, (1, 2, 3)),
@@ -45,11 +65,8 @@ def test_eligible_slots_get_the_whole_window_s_proposals(seed, width,
   noise = None
   if temperature:
     noise = jax.random.gumbel(jax.random.key(seed), (3, width, VOCAB))
-  head = lambda h: h @ weight
-  want_p, want_lp = jax.jit(lambda h, n: transition.propose(
-      head(h), config, n))(hidden, noise)
-  got_p, got_lp = jax.jit(lambda h, e, n: slot_head.propose_eligible(
-      head, h, e, config, n))(hidden, eligible, noise)
+  want_p, want_lp = _whole_window(hidden, weight, config, noise)
+  got_p, got_lp = _eligible_only(hidden, weight, eligible, config, noise)
   e = np.asarray(eligible)
   np.testing.assert_array_equal(np.asarray(got_p)[e], np.asarray(want_p)[e])
   np.testing.assert_allclose(np.asarray(got_lp)[e], np.asarray(want_lp)[e],
@@ -70,13 +87,10 @@ def test_shifted_slots_read_the_previous_slot_s_logits_or_the_carry(
   eligible = jnp.asarray(rng.random((3, width)) < density)
   config = config_lib.DenoiseConfig(mask_token_id=VOCAB - 1, block_size=width,
                                     alignment="shifted")
-  head = lambda h: h @ weight
   # The cached loop's shifted logits: the carry, then slots 0..W-2's.
-  aligned = lambda h: jnp.concatenate([carry[:, None], head(h)], axis=1)
-  want_p, want_lp = jax.jit(lambda h: transition.propose(
-      aligned(h), config))(hidden)
-  got_p, got_lp = jax.jit(lambda h, e: slot_head.propose_eligible(
-      head, h, e, config, carry=carry))(hidden, eligible)
+  want_p, want_lp = _whole_window(hidden, weight, config, carry=carry)
+  got_p, got_lp = _eligible_only(hidden, weight, eligible, config,
+                                 carry=carry)
   e = np.asarray(eligible)
   np.testing.assert_array_equal(np.asarray(got_p)[e], np.asarray(want_p)[e])
   np.testing.assert_array_equal(np.asarray(got_lp)[e], np.asarray(want_lp)[e])

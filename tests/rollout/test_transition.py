@@ -17,6 +17,11 @@ import numpy as np
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rollout import transition
 
+# Jitted once per (config, shapes), as the driver runs them; examples that
+# share a config reuse the compiled programs.
+_propose = jax.jit(transition.propose, static_argnums=1)
+_proposal_log_probs = jax.jit(transition.proposal_log_probs, static_argnums=1)
+
 
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), temperature=st.sampled_from([0.0, 0.7]),
@@ -34,12 +39,10 @@ def test_propose_is_the_documented_argmax_scored_by_proposal_log_probs(seed, tem
   noise = None
   if temperature:
     noise = jax.random.gumbel(jax.random.key(seed + 1), logits.shape)
-  propose = jax.jit(lambda x, n: transition.propose(x, config, n))
-  proposal, log_prob = propose(logits, noise)
+  proposal, log_prob = _propose(logits, config, noise)
   # Both jitted, as the driver and the scorers run them (XLA may rewrite the
   # temperature's division, the same way in both).
-  log_probs = jax.jit(
-      lambda x: transition.proposal_log_probs(x, config))(logits)
+  log_probs = _proposal_log_probs(logits, config)
   if noise is None:
     # Greedy: the argmax of the logits, the mask token's removed.
     np.testing.assert_array_equal(
@@ -106,9 +109,8 @@ def test_propose_reads_bf16_logits_as_their_float32_values(seed, temperature):
   noise = None
   if temperature:
     noise = jax.random.gumbel(jax.random.key(seed + 1), logits.shape)
-  propose = jax.jit(lambda x, n: transition.propose(x, config, n))
-  got = propose(logits, noise)
-  want = propose(logits.astype(jnp.float32), noise)
+  got = _propose(logits, config, noise)
+  want = _propose(logits.astype(jnp.float32), config, noise)
   for g, w in zip(got, want):
     assert g.dtype == w.dtype
     np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
