@@ -130,6 +130,13 @@ import pytest  # noqa: E402
 # (6.3 GB). Reference counting frees all acyclic garbage as before; cycles
 # wait longer.
 gc.set_threshold(50_000, 20, 20)
+# The processes the tests launch do the same (`child_site/sitecustomize.py`,
+# imported at their start from PYTHONPATH; tests that add a directory for
+# their children prepend it).
+CHILD_SITE = str(pathlib.Path(__file__).resolve().parent / "child_site")
+if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+  os.environ["PYTHONPATH"] = os.pathsep.join(
+      p for p in (CHILD_SITE, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.hookimpl(trylast=True)

@@ -98,7 +98,9 @@ def _policy(untrained_policy):
 def reward_module(tmp_path, monkeypatch):
   (tmp_path / "bd_many_processes_reward.py").write_text(REWARD)
   monkeypatch.syspath_prepend(str(tmp_path))
-  monkeypatch.setenv("PYTHONPATH", str(tmp_path))  # for launched processes
+  # For launched processes, before what they already have.
+  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
+      [str(tmp_path), os.environ.get("PYTHONPATH", "")]))
 
 
 @pytest.mark.parametrize(
