@@ -115,6 +115,7 @@ hypothesis.settings.register_profile(
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 import pathlib  # noqa: E402
+import runpy  # noqa: E402
 import sys  # noqa: E402
 
 import pytest  # noqa: E402
@@ -128,12 +129,12 @@ import pytest  # noqa: E402
 # are collected (the imported libraries) is frozen out of every
 # collection: 88 s instead of 165, with the workers' peak memory unchanged
 # (6.3 GB). Reference counting frees all acyclic garbage as before; cycles
-# wait longer.
-gc.set_threshold(50_000, 20, 20)
-# The processes the tests launch do the same (`child_site/sitecustomize.py`,
-# imported at their start from PYTHONPATH; tests that add a directory for
-# their children prepend it).
+# wait longer. The setting lives in `child_site/sitecustomize.py`, run here
+# for the workers and, from PYTHONPATH, at the start of every process the
+# tests launch (tests that add a directory for their children prepend it:
+# `kill_resume.python_path_first`).
 CHILD_SITE = str(pathlib.Path(__file__).resolve().parent / "child_site")
+runpy.run_path(os.path.join(CHILD_SITE, "sitecustomize.py"))
 if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
   os.environ["PYTHONPATH"] = os.pathsep.join(
       p for p in (CHILD_SITE, os.environ.get("PYTHONPATH")) if p)

@@ -45,6 +45,12 @@ _MAIN = (
 )
 
 
+def python_path_first(*directories) -> str:
+  """PYTHONPATH for a launched process: `directories`, then the current one."""
+  return os.pathsep.join(
+      [*map(str, directories), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def kill_after_checkpoint(
     argv: Sequence[str],
     out: pathlib.Path,
@@ -59,10 +65,7 @@ def kill_after_checkpoint(
   (blocker_dir / "bd_blocker.py").write_text(BLOCKER)
   env = dict(
       os.environ,
-      PYTHONPATH=os.pathsep.join(
-          [str(blocker_dir), *map(str, python_path),
-           os.environ.get("PYTHONPATH", "")]
-      ),
+      PYTHONPATH=python_path_first(blocker_dir, *python_path),
       BD_BLOCK_STEP=str(step),
       JAX_PLATFORMS="cpu",
   )

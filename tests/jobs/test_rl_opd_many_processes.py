@@ -98,9 +98,8 @@ def _policy(untrained_policy):
 def reward_module(tmp_path, monkeypatch):
   (tmp_path / "bd_many_processes_reward.py").write_text(REWARD)
   monkeypatch.syspath_prepend(str(tmp_path))
-  # For launched processes, before what they already have.
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+  monkeypatch.setenv("PYTHONPATH",  # for launched processes
+                     kill_resume.python_path_first(tmp_path))
 
 
 @pytest.mark.parametrize(

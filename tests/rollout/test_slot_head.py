@@ -7,11 +7,11 @@ counts of slots (the fewest that hold every row's eligible ones), and a bad
 mask is refused.
 """
 
+import functools
+
 from hypothesis import given
 from hypothesis import settings
 from hypothesis import strategies as st
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np

@@ -5,7 +5,6 @@ run on 2 processes (`tunix-blockdiff launch`), which must equal one.
 """
 
 import json
-import os
 import pathlib
 import shutil
 import sys
@@ -69,9 +68,8 @@ def test_rl_takes_a_diffusion_gemma_sft_run_resumes_and_runs_on_2_processes(
 ):
   (tmp_path / "dg_many_processes_reward.py").write_text(REWARD)
   monkeypatch.syspath_prepend(str(tmp_path))
-  # For launched processes, before what they already have.
-  monkeypatch.setenv("PYTHONPATH", os.pathsep.join(
-      [str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+  monkeypatch.setenv("PYTHONPATH",  # for launched processes
+                     kill_resume.python_path_first(tmp_path))
   sft = dg_two_step_sft  # conftest's 2-step run (dg_sizes.TWO_STEPS)
   assert diffusion_gemma_rl.is_policy(
       omegaconf.OmegaConf.create({"checkpoint": str(sft)}))
