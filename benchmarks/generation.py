@@ -26,6 +26,9 @@ and at every batch size, side by side in one process:
   kernel that runs the head a vocabulary tile at a time, never writing the
   logits (`generate(fused_head=)`); the row's `agree` is the share of its
   tokens equal to the same program's without it.
+* `--one-program 0,1`: each loop in more than one phase also as one program
+  holding every phase, instead of one program per stage
+  (`generate(one_program=)`).
 
 Each program is compiled by a warm-up call and timed as the median of
 `--repeats` calls. The table gives the whole call, the prefill, the model
@@ -289,22 +292,24 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
   _progress(rows[-1])
 
   plain_tokens = {}
-  for name, phases, lockstep, ragged, fused in [
-      (n, p, lock, r, f) for n in args.schedules for p in args.cache_phases
+  for name, phases, lockstep, ragged, fused, one in [
+      (n, p, lock, r, f, o) for n in args.schedules for p in args.cache_phases
       for lock in args.lockstep for r in args.ragged_cache
-      for f in args.fused_head]:
+      for f in args.fused_head for o in args.one_program
+      if p > 1 or not o]:  # one phase is one program already
     schedule = SCHEDULES[name]
     block = schedule["block_size"]
     denoise_config = config_lib.DenoiseConfig(mask_token_id=mask_id, **schedule)
     run = lambda c=denoise_config: cached.generate(
         model, tokens, lengths, c, max_new_tokens=new, cache_phases=phases,
-        lockstep=lockstep, ragged_cache=ragged, fused_head=fused)
+        lockstep=lockstep, ragged_cache=ragged, fused_head=fused,
+        one_program=one)
     start = time.perf_counter()
     # The first call: tracing and compiling; its result is the row's.
     result = jax.block_until_ready(run())
     first_s = time.perf_counter() - start
     _, total = median_seconds(lambda: run().tokens, args.repeats)
-    same = (name, phases, lockstep, ragged)
+    same = (name, phases, lockstep, ragged, one)
     if not fused:
       plain_tokens[same] = np.asarray(result.tokens)
     agree = {}
@@ -336,7 +341,8 @@ def measure_batch(model, config, sizes: Sizes, args, batch: int) -> list[dict]:
         program="generate" + (f", {phases} cache phases" if phases > 1 else "")
         + (", lockstep" if lockstep else "")
         + (", ragged cache" if ragged else "")
-        + (", fused head" if fused else ""),
+        + (", fused head" if fused else "")
+        + (", one program" if one else ""),
         schedule=name, seconds=total,
         prefill_s=prefill, calls=calls, ms_per_call=1e3 * call,
         tokens_per_call=new / calls, tokens_per_s=batch * new / total,
@@ -401,6 +407,9 @@ def main(argv=None) -> int:
   parser.add_argument("--fused-head", default="0",
                       help="comma-separated 0/1: `generate(fused_head=)`,"
                       " each timed")
+  parser.add_argument("--one-program", default="0",
+                      help="comma-separated 0/1: `generate(one_program=)`,"
+                      " each timed (with --cache-phases > 1 only)")
   parser.add_argument("--json", default=None, help="write the rows here")
   args = parser.parse_args(argv)
   args.schedules = args.schedules.split(",")
@@ -413,12 +422,15 @@ def main(argv=None) -> int:
     parser.error(f"--cache-phases: integers, got {args.cache_phases!r}")
   if min(args.cache_phases) < 1:
     parser.error(f"--cache-phases: each >= 1, got {args.cache_phases}")
-  for flag in ("lockstep", "ragged_cache", "fused_head"):
+  for flag in ("lockstep", "ragged_cache", "fused_head", "one_program"):
     values = getattr(args, flag).split(",")
     if set(values) - {"0", "1"}:
       parser.error(f"--{flag.replace('_', '-')}: 0 or 1 (comma-separated),"
                    f" got {getattr(args, flag)!r}")
     setattr(args, flag, [x == "1" for x in values])
+  if all(args.one_program) and max(args.cache_phases) == 1:
+    parser.error("--one-program 1: needs a --cache-phases value > 1 (one"
+                 " phase is one program already)")
   model, config = build_model(args.model, args.dtype)
   sizes = Sizes.of(model, config)
   rows = []

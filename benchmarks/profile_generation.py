@@ -37,7 +37,14 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import generation  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 _KEEP_STATS = ("hlo_category", "tf_op", "source", "long_name")
-_CONTAINERS = ("while", "conditional", "call")
+# Ops whose events span their bodies' ops (counted on their own): loops,
+# conditionals (named `cond.N` on a TPU) and calls.
+_CONTAINERS = ("while", "conditional", "cond.", "call")
+
+
+def is_container(name: str) -> bool:
+  """Whether an op's event spans other ops' events (its body's)."""
+  return name.startswith(_CONTAINERS)
 
 
 def device_ops(xspace_path: str) -> list[dict]:
@@ -51,7 +58,7 @@ def device_ops(xspace_path: str) -> list[dict]:
         continue
       for event in line.events:
         name, shape = _split_hlo(event.name)
-        if name.startswith(_CONTAINERS):
+        if is_container(name):
           continue  # a loop's time is its body ops', counted on their own
         stats = dict(event.stats)
         if not on_device and "hlo_op" not in stats:
@@ -108,6 +115,9 @@ def main(argv=None) -> int:
                       help="generate(ragged_cache=True): the Pallas kernel")
   parser.add_argument("--fused-head", action="store_true",
                       help="generate(fused_head=True): the head kernel")
+  parser.add_argument("--one-program", action="store_true",
+                      help="generate(one_program=True): every phase in one"
+                      " program")
   parser.add_argument("--top", type=int, default=25)
   parser.add_argument("--trace-dir", default=None,
                       help="keep the trace here (default: a temp dir)")
@@ -129,7 +139,8 @@ def main(argv=None) -> int:
                            cache_phases=args.cache_phases,
                            lockstep=args.lockstep,
                            ragged_cache=args.ragged_cache,
-                           fused_head=args.fused_head)
+                           fused_head=args.fused_head,
+                           one_program=args.one_program)
 
   result = jax.block_until_ready(run())  # compiles
   trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="profile_gen_")
@@ -146,7 +157,8 @@ def main(argv=None) -> int:
         f" cache_phases {args.cache_phases}"
         + (" lockstep" if args.lockstep else "")
         + (" ragged_cache" if args.ragged_cache else "")
-        + (" fused_head" if args.fused_head else "") + ":"
+        + (" fused_head" if args.fused_head else "")
+        + (" one_program" if args.one_program else "") + ":"
         f" {total:.1f} ms of device ops, {calls} model calls"
         f" ({total / calls:.2f} ms/call), {jax.devices()[0].device_kind}\n")
   print("| op | result | runs | ms | share | ms/call | source |")

@@ -5,7 +5,8 @@
 # of its stage programs in turn and in threads (stage_compile), rows in lockstep
 # (generation_lockstep), the Pallas cache read (generation_ragged, and alone
 # against XLA's attention: cache_kernel), the fused greedy head (alone:
-# head_kernel; in generate: generation_fused_head), its per-op
+# head_kernel; in generate: generation_fused_head), the 4 phases as one
+# program against the stages (generation_one_program), its per-op
 # profile at batch 128, the SFT step at a real size (Splash on a
 # TPU; SFT_STEP_ARGS overrides its shape), the two-stream step at
 # 4 x 4096 and at 4 x 2048 as 4 accumulated calls of 1 row, the notebooks' code (benchmarks/notebooks.py), then the
@@ -42,7 +43,7 @@ step() {  # step NAME SECONDS COMMAND...
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   echo "== $name: rc $? in $((SECONDS - start)) s" | tee -a "$out/machine.txt"
 }
-all="generation generation_phases stage_compile generation_lockstep generation_ragged cache_kernel generation_fused_head head_kernel profile_generation sft_step_real sft_step_long sft_step_micro diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
+all="generation generation_phases stage_compile generation_lockstep generation_ragged cache_kernel generation_fused_head generation_one_program head_kernel profile_generation sft_step_real sft_step_long sft_step_micro diffusion_gemma_real notebooks rollout attention sft_step diffusion_gemma_sampler"
 steps=" ${STEPS:-$all} "
 for name in $all; do
   [[ $steps == *" $name "* ]] || continue
@@ -85,6 +86,13 @@ for name in $all; do
       --model qwen3_0p6b --dtype bfloat16 --batch 32 --schedules b16s4 \
       --cache-phases 4 --lockstep 1 --fused-head 0,1 --raw-calls 0 \
       --repeats 2 --json "$out/generation_fused_head.json"
+  elif [[ $name == generation_one_program ]]; then
+    # The 4 phases' stages in one program against one each
+    # (generate(one_program=)); the first compiles for about 225 s.
+    step generation_one_program 600 python3 benchmarks/generation.py \
+      --model qwen3_0p6b --dtype bfloat16 --batch 32 --schedules b16s4 \
+      --cache-phases 4 --lockstep 1 --fused-head 1 --one-program 0,1 \
+      --raw-calls 0 --repeats 5 --json "$out/generation_one_program.json"
   elif [[ $name == head_kernel ]]; then
     # The fused head alone against XLA's head and passes (Qwen3-0.6B's).
     step head_kernel 240 python3 benchmarks/head_kernel.py \

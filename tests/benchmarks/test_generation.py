@@ -30,14 +30,18 @@ def test_every_program_runs_and_reports_its_columns(tmp_path, capsys):
   assert bench.main(["--model", "tiny", "--batch", "2", "--new-tokens", "8",
                      "--prompt-width", "8", "--repeats", "1",
                      "--raw-calls", "1", "--schedules", "b4s1,b4t0.9",
-                     "--cache-phases", "1,2", "--json", str(out)]) == 0
+                     "--cache-phases", "1,2", "--one-program", "0,1",
+                     "--json", str(out)]) == 0
   rows = json.loads(out.read_text())
+  # One phase is one program already: no "one program" twin of it.
   assert [(r["program"], r["schedule"]) for r in rows] == [
       ("tunix Sampler", "greedy"), ("generate", "b4s1"),
-      ("generate, 2 cache phases", "b4s1"), ("generate", "b4t0.9"),
-      ("generate, 2 cache phases", "b4t0.9")]
-  sampler, static, phased, _, _ = rows
-  assert phased["calls"] == static["calls"]
+      ("generate, 2 cache phases", "b4s1"),
+      ("generate, 2 cache phases, one program", "b4s1"),
+      ("generate", "b4t0.9"), ("generate, 2 cache phases", "b4t0.9"),
+      ("generate, 2 cache phases, one program", "b4t0.9")]
+  sampler, static, phased, whole = rows[:4]
+  assert phased["calls"] == static["calls"] == whole["calls"]
   assert sampler["calls"] == 8 and sampler["speedup"] == 1.0
   # Block 4, one step per block: each call commits a block (the prompt's
   # partial block shares its first call with the completion).
@@ -75,10 +79,14 @@ def test_lockstep_and_kernel_rows_are_timed_and_bad_values_refused(
   assert rows[1]["calls"] >= 2 and rows[1]["seconds"] > 0
   # The fused head's rows say how many tokens match their plain twin's.
   assert "agree" not in rows[1] and rows[2]["agree"] == rows[4]["agree"] == 1
-  for flag in ("--lockstep", "--ragged-cache", "--fused-head"):
+  for flag in ("--lockstep", "--ragged-cache", "--fused-head",
+               "--one-program"):
     with pytest.raises(SystemExit):
       _module().main(["--model", "tiny", flag, "yes"])
     assert flag in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    _module().main(["--model", "tiny", "--one-program", "1"])
+  assert "needs a --cache-phases value > 1" in capsys.readouterr().err
 
 
 def test_the_floor_is_the_larger_of_bytes_and_flops():

@@ -51,3 +51,11 @@ def test_a_tpu_event_name_is_split_into_op_and_result():
       "{0} %p), kind=kOutput")
   assert (name, shape) == ("fusion.7", "bf16[128,8,3072]")
   assert profile_generation._split_hlo("dot.3") == ("dot.3", "")  # pylint: disable=protected-access
+
+
+def test_loops_conditionals_and_calls_are_not_counted_over_their_bodies():
+  for name in ("while.4", "cond.20", "conditional.1", "call.2"):
+    assert profile_generation.is_container(name), name
+  for name in ("concatenate.3", "convert_element_type", "fusion.7",
+               "custom-call.1"):
+    assert not profile_generation.is_container(name), name

@@ -76,13 +76,16 @@ def test_generate_restores_the_checkpoint_and_matches_generate(run_dir, capsys):
 def test_generate_custom_prompts(run_dir):
   out, _, _ = run_dir
   results = []
-  for phases, lockstep, kernels in ((1, "false", "false"),
-                                   (3, "false", "false"), (1, "true", "true")):
+  for phases, lockstep, kernels, one in ((1, "false", "false", "false"),
+                                        (3, "false", "false", "false"),
+                                        (3, "false", "false", "true"),
+                                        (1, "true", "true", "false")):
     assert cli.main([
         "generate", str(out), 'prompts=["rev 123>", "rev 9>"]',
         "max_new_tokens=5", "color=false", f"png={out / 'custom.png'}",
         f"cache_phases={phases}", f"lockstep={lockstep}",
         f"ragged_cache={kernels}", f"fused_head={kernels}",
+        f"one_program={one}",
     ]) == 0
     results.append(json.loads((out / "generate.json").read_text()))
   result = results[0]
@@ -90,8 +93,8 @@ def test_generate_custom_prompts(run_dir):
   assert result["exact_match"] is None
   assert len(result["tokens"][0]) == 5
   assert (out / "custom.png").is_file()
-  # The loop in phases, and in lockstep with the cache and head kernels: the
-  # same trajectory.
+  # The loop in phases (staged or in one program), and in lockstep with the
+  # cache and head kernels: the same trajectory.
   for other in results[1:]:
     assert other["tokens"] == result["tokens"]
     assert other["commit_step"] == result["commit_step"]
@@ -128,6 +131,8 @@ def test_generate_errors(run_dir, tmp_path, capsys):
        "ragged_cache must be true or false"),
       (["generate", str(out), "fused_head=1"],
        "fused_head must be true or false"),
+      (["generate", str(out), "one_program=2"],
+       "one_program must be true or false"),
   ]:
     assert cli.main(argv) == 2
     err = capsys.readouterr().err

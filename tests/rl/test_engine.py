@@ -92,18 +92,28 @@ def test_generate_returns_completions_cut_at_eos_and_the_trace():
 
 
 def test_cache_phases_give_the_same_rollouts():
-  """Two fresh engines (the same call counter, so the same noise)."""
+  """Fresh engines (the same call counter, so the same noise).
+
+  One phase, three staged, and three in one program (`one_program`).
+  """
   outputs = [
       engine_lib.BlockDiffusionRollout(
           rollout_actor=_engine().model(),
           tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
           rollout_config=ROLLOUT_CONFIG, block_size=4, threshold=0.3,
-          cache_phases=phases).generate(PROMPTS, ROLLOUT_CONFIG)
-      for phases in (1, 3)
+          cache_phases=phases, one_program=one).generate(PROMPTS,
+                                                         ROLLOUT_CONFIG)
+      for phases, one in ((1, False), (3, False), (3, True))
   ]
-  assert outputs[0].text == outputs[1].text
-  for a, b in zip(outputs[0].tokens, outputs[1].tokens, strict=True):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  for other in outputs[1:]:
+    assert other.text == outputs[0].text
+    for a, b in zip(outputs[0].tokens, other.tokens, strict=True):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(TypeError, match="one_program must be a bool"):
+    engine_lib.BlockDiffusionRollout(
+        rollout_actor=_engine().model(),
+        tokenizer=tokenizer_adapter.TokenizerAdapter(TOKENIZER),
+        rollout_config=ROLLOUT_CONFIG, block_size=4, one_program="yes")
 
 
 def test_lockstep_rollouts_are_scored_as_their_own_trace():

@@ -235,7 +235,7 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   name, config, lengths = CASES[case]
   model = _model(name)
   prompts, lengths = _prompts(lengths)
-  key = (config, NEW_TOKENS, True, 1, False, False, False)
+  key = (config, NEW_TOKENS, True, 1, False, False, False, False)
   program = cached._PROGRAMS.lookup(nnx.graphdef(model), key)
   # New prompts, same shapes: no retrace.
   other = cached.generate(
@@ -265,7 +265,7 @@ def test_another_model_of_the_same_architecture_reuses_the_program():
                                     steps_per_block=2)
   prompts, lengths = _prompts([11, 5])
   first, second = (tiny_models.tiny_qwen3(VOCAB, seed=s) for s in (7, 8))
-  key = (config, 6, True, 1, False, False, False)
+  key = (config, 6, True, 1, False, False, False, False)
   a = cached.generate(first, prompts, lengths, config, max_new_tokens=6)
   program = cached._PROGRAMS.lookup(nnx.graphdef(first), key)
   b = cached.generate(second, prompts, lengths, config, max_new_tokens=6)
@@ -422,6 +422,22 @@ def test_cache_phases_give_the_same_generation(phases):
   # Shorter key axes sum in another order: log-probs agree to rounding.
   generations.assert_same_generation(staged, one_phase)
   generations.assert_same_generation(again, staged)
+  if phases == 2:
+    # Every stage in one program: one compilation, the same generation.
+    with _counting_compiles() as compiles:
+      whole = run(cache_phases=phases, one_program=True)
+    assert len(compiles) == 1, compiles
+    generations.assert_same_generation(whole, staged)
+
+
+def test_one_program_is_a_bool_mode_of_the_cached_driver():
+  args = (_model("qwen3"), np.zeros((2, 4), np.int32), np.array([1, 4]),
+          config_lib.DenoiseConfig(block_size=4, mask_token_id=MASK))
+  with pytest.raises(TypeError, match="one_program must be a bool"):
+    cached.generate(*args, max_new_tokens=4, cache_phases=2, one_program=1)
+  with pytest.raises(ValueError, match="one_program=True .* use_cache=True"):
+    cached.generate(*args, max_new_tokens=4, use_cache=False,
+                    one_program=True)
 
 
 @contextlib.contextmanager

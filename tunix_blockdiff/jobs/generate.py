@@ -25,6 +25,8 @@ Keys (omegaconf dotlist):
   fused_head=false     greedy proposals from the Pallas kernel that never
                        writes the logits (TPU; interpret mode elsewhere;
                        temperature 0, same_position alignment)
+  one_program=false    with cache_phases > 1, every phase in one program
+                       (faster to run, slower to compile)
   temperature=0.0      0 is greedy; > 0 samples (with seed)
   max_new_tokens=null  default: the run's own eval budget (longest eval
                        completion, or the task's longest answer + EOS)
@@ -67,6 +69,7 @@ DEFAULTS = {
     "lockstep": False,
     "ragged_cache": False,
     "fused_head": False,
+    "one_program": False,
     "temperature": 0.0,
     "max_new_tokens": None,
     "seed": 0,
@@ -279,7 +282,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
                                                   options.cache_phases)
   except (TypeError, ValueError) as e:
     raise errors.UsageError(f"generate: {e}") from None
-  for name in ("lockstep", "ragged_cache", "fused_head"):
+  for name in ("lockstep", "ragged_cache", "fused_head", "one_program"):
     if not isinstance(options[name], bool):
       raise errors.UsageError(
           f"generate: {name} must be true or false, got {options[name]!r}")
@@ -298,6 +301,7 @@ def _run(run_dir: pathlib.Path, options, mesh) -> dict[str, Any]:
           lockstep=options.lockstep,
           ragged_cache=options.ragged_cache,
           fused_head=options.fused_head,
+          one_program=options.one_program,
       ),
       mesh,
       prompt_tokens,

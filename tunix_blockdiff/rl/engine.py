@@ -86,6 +86,7 @@ class BlockDiffusionRollout(
       lockstep: bool = False,
       ragged_cache: bool = False,
       fused_head: bool = False,
+      one_program: bool = False,
       seed: int = 0,
       attention: config_lib.AttentionConfig | None = None,
   ):
@@ -125,6 +126,9 @@ class BlockDiffusionRollout(
         kernel that never writes the logits (`generate(fused_head=)`): greedy
         calls only (a sampling `RolloutConfig` is then refused), the
         same_position alignment and a head without LoRA weights.
+      one_program: With `cache_phases` > 1, the cached driver's stages in
+        one program instead of one each (`generate(one_program=)`): faster
+        to run, slower to compile.
       seed: Seed of the sampling noise when `RolloutConfig.seed` is None;
         every call folds in a call counter, so calls draw fresh noise.
       attention: The attention of the trajectory scorer (`score`,
@@ -171,13 +175,15 @@ class BlockDiffusionRollout(
         "cache_phases", cache_phases) or 1
     sampling.check_cached_modes(use_cache, lockstep=lockstep,
                                 ragged_cache=ragged_cache,
-                                fused_head=fused_head)
+                                fused_head=fused_head,
+                                one_program=one_program)
     if fused_head and alignment != "same_position":
       raise ValueError("fused_head=True needs the same_position alignment,"
                        f" got {alignment!r}")
     self._lockstep = lockstep
     self._ragged_cache = ragged_cache
     self._fused_head = fused_head
+    self._one_program = one_program
     self._init_engine(seed)
     self._train_rollout_config = rollout_config
 
@@ -273,6 +279,7 @@ class BlockDiffusionRollout(
             lockstep=self._lockstep,
             ragged_cache=self._ragged_cache,
             fused_head=self._fused_head,
+            one_program=self._one_program,
         ),
         self.mesh,
         prompt_tokens,

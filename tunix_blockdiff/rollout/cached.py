@@ -83,7 +83,7 @@ def _program(graphdef, key):
 def _build(graphdef, key):
   """The jitted loop of (`graphdef`, `key`) (not yet traced)."""
   (config, num_new, use_cache, cache_phases, lockstep, ragged_cache,
-   fused_head) = key
+   fused_head, one_program) = key
 
   def run(state, prompt_tokens, lengths, rng):
     merged = nnx.merge(graphdef, state)
@@ -94,7 +94,7 @@ def _build(graphdef, key):
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
                               num_new)
 
-  if not use_cache or cache_phases == 1:
+  if not use_cache or cache_phases == 1 or one_program:
     return jax.jit(run)
   return _staged(graphdef, key)
 
@@ -110,7 +110,8 @@ def _staged(graphdef, key):
   loop state goes from one stage to the next donated, so its cache is
   updated in place.
   """
-  (config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head) = key
+  (config, num_new, _, cache_phases, lockstep, ragged_cache, fused_head,
+   _) = key
   init, phases, finish = stage_programs(graphdef, config, num_new,
                                         cache_phases, lockstep, ragged_cache,
                                         fused_head)
@@ -186,7 +187,7 @@ def _compile_in_threads(programs, inputs):
 def _check_generate_inputs(
     prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
     cache_phases=1, lockstep=False, use_cache=True, ragged_cache=False,
-    fused_head=False,
+    fused_head=False, one_program=False,
 ):
   if not isinstance(config, config_lib.DenoiseConfig):
     raise TypeError(
@@ -195,7 +196,7 @@ def _check_generate_inputs(
   sampling.optional_positive_int("cache_phases", cache_phases)
   sampling.check_cached_modes(use_cache, lockstep=lockstep,
                               ragged_cache=ragged_cache,
-                              fused_head=fused_head)
+                              fused_head=fused_head, one_program=one_program)
   if fused_head and (config.temperature > 0
                      or config.alignment != "same_position"):
     raise ValueError(
@@ -264,13 +265,15 @@ def generate(
     lockstep: bool = False,
     ragged_cache: bool = False,
     fused_head: bool = False,
+    one_program: bool = False,
 ) -> GenerationResult:
   """Block-diffusion generation with a Tunix model (DESIGN.md 5.4).
 
   The whole loop is one jitted program (one per stage with
-  `cache_phases` > 1), compiled once per (architecture, config, shapes,
-  modes) and reused: the model's current parameters are
-  passed in on every call, so updated weights need no recompilation, and
+  `cache_phases` > 1, unless `one_program`), compiled once per
+  (architecture, config, shapes, modes) and reused: the model's current
+  parameters are passed in on every call, so updated weights need no
+  recompilation, and
   another model with an equal `nnx.GraphDef` (a new instance, a reloaded
   checkpoint) reuses the program (the 32 most recent are kept).
 
@@ -299,8 +302,9 @@ def generate(
       and commit steps up to floating-point near-ties (as between the
       cached and cacheless paths). Each stage (prefill, phases, result) is
       its own program, all compiled from a thread pool on the first call of
-      a prompt shape. Whether it pays depends on the accelerator:
-      `benchmarks/generation.py --cache-phases` times it.
+      a prompt shape (or one program: `one_program`). Whether it pays
+      depends on the accelerator: `benchmarks/generation.py --cache-phases`
+      times it.
     lockstep: The cached driver holds a row that has finished its block
       while any row is still inside its own, so the rows start their next
       blocks together: a step that writes a finished block runs the model
@@ -329,6 +333,15 @@ def generate(
       to float32 rounding. Needs temperature 0, the same_position alignment
       and a head without LoRA weights (`head.head_weight`).
       `benchmarks/generation.py --fused-head 0,1` times it.
+    one_program: With `cache_phases` > 1, every stage in one program (each
+      phase's copy of the loop in it) instead of one program per stage:
+      the same outputs; faster to run, slower to compile. On a TPU v5e
+      (Qwen3-0.6B, bf16, batch 32, block 16 / 4 steps, 4 phases, lockstep,
+      fused head) one program ran 7.94 ms a call against 8.88 for the
+      stages (93eab26 and 4cbb422, the same lease) but took 225 s to
+      compile against about 120 s for the stages in threads, and 8 phases
+      did not compile within 10 minutes. No effect with one phase.
+      `benchmarks/generation.py --one-program 0,1` times it.
 
   Returns:
     `GenerationResult` (completion tokens, commit steps and log-probs [B, N],
@@ -337,6 +350,7 @@ def generate(
   prompt_tokens, prompt_lengths = _check_generate_inputs(
       prompt_tokens, prompt_lengths, config, max_new_tokens, rng,
       cache_phases, lockstep, use_cache, ragged_cache, fused_head,
+      one_program,
   )
   if use_cache:
     kv_cache.check_model_for_cache(
@@ -347,6 +361,6 @@ def generate(
   graphdef, state = nnx.split(model)
   key = (config, int(max_new_tokens), bool(use_cache),
          int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache,
-         fused_head)
+         fused_head, one_program and bool(cache_phases and cache_phases > 1))
   program = _program(graphdef, key)
   return program(state, prompt_tokens, prompt_lengths, rng)

@@ -146,6 +146,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       lockstep=cfg.rollout.get("lockstep", False),
       ragged_cache=cfg.rollout.get("ragged_cache", False),
       fused_head=cfg.rollout.get("fused_head", False),
+      one_program=cfg.rollout.get("one_program", False),
       seed=int(cfg.seed),
       attention=attention,
   )
