@@ -134,7 +134,8 @@ import pytest  # noqa: E402
 # two whole runs. Reference counting frees all acyclic garbage as before;
 # cycles wait longer. The setting lives in
 # `child_site/sitecustomize.py`, run here for the workers and, from
-# PYTHONPATH, at the start of every process the tests launch (tests that add a directory for their children prepend it:
+# PYTHONPATH, at the start of every process the tests launch (tests that
+# add a directory for their children prepend it:
 # `kill_resume.python_path_first`).
 CHILD_SITE = str(pathlib.Path(__file__).resolve().parent / "child_site")
 _SITE = runpy.run_path(os.path.join(CHILD_SITE, "sitecustomize.py"))

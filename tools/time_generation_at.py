@@ -13,7 +13,8 @@ Prints the first call's seconds, the median of `--repeats` calls (and per
 model call), then one traced call: each XLA program's device time in order
 (the stages of a staged loop show one by one) and the total of the device
 ops, whose table (`benchmarks/profile_generation.py`'s summary) goes to
-OUT/TAG.json. Flags that the tree's `generate` lacks are not passed.
+OUT/TAG.json. A mode that the tree's `generate` lacks is left out at its
+default (off, one phase) and refused otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ import statistics
 import sys
 import tempfile
 import time
+
+
+def accepted_default(mode: str):
+  """The value of `mode` that a `generate` without it behaves as."""
+  return 1 if mode == "cache_phases" else False
 
 
 def main(argv=None) -> int:
@@ -64,6 +70,10 @@ def main(argv=None) -> int:
   modes = dict(cache_phases=args.cache_phases, lockstep=args.lockstep,
                fused_head=args.fused_head, one_program=args.one_program)
   accepted = inspect.signature(cached.generate).parameters
+  missing = [k for k, v in modes.items()
+             if k not in accepted and v != accepted_default(k)]
+  if missing:
+    parser.error(f"this tree's generate has no {missing}")
   modes = {k: v for k, v in modes.items() if k in accepted}
 
   def run():

@@ -359,8 +359,9 @@ def generate(
   if rng is None:
     rng = jax.random.key(0)  # unused by greedy proposals
   graphdef, state = nnx.split(model)
-  key = (config, int(max_new_tokens), bool(use_cache),
-         int(cache_phases or 1) if use_cache else 1, lockstep, ragged_cache,
-         fused_head, one_program and bool(cache_phases and cache_phases > 1))
+  phases = int(cache_phases or 1) if use_cache else 1
+  # One phase is one program either way: both share it.
+  key = (config, int(max_new_tokens), bool(use_cache), phases, lockstep,
+         ragged_cache, fused_head, one_program and phases > 1)
   program = _program(graphdef, key)
   return program(state, prompt_tokens, prompt_lengths, rng)
