@@ -337,10 +337,10 @@ def generate(
       phase's copy of the loop in it) instead of one program per stage:
       the same outputs; faster to run, slower to compile. On a TPU v5e
       (Qwen3-0.6B, bf16, batch 32, block 16 / 4 steps, 4 phases, lockstep,
-      fused head) one program ran 7.94 ms a call against 8.88 for the
-      stages (93eab26 and 4cbb422, the same lease) but took 225 s to
-      compile against about 120 s for the stages in threads, and 8 phases
-      did not compile within 10 minutes. No effect with one phase.
+      fused head) one program ran 7.53 ms a call against 8.35 for the
+      stages (one run at 791d74e) but took 219 s to compile against 131 s
+      for the stages in threads, and 8 phases did not compile within 10
+      minutes. No effect with one phase.
       `benchmarks/generation.py --one-program 0,1` times it.
 
   Returns:
