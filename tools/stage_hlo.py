@@ -25,6 +25,8 @@ import pathlib
 import re
 import sys
 
+import generation_case
+
 
 def summarise(text: str) -> dict:
   """Counts of memory-space assignment in one compiled program's HLO text."""
@@ -54,14 +56,7 @@ def main(argv=None) -> int:
   parser.add_argument("out")
   parser.add_argument("--summarise", action="store_true",
                       help="only summarise the texts already in OUT")
-  parser.add_argument("--model", default="qwen3_0p6b")
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--prompt-width", type=int, default=64)
-  parser.add_argument("--new-tokens", type=int, default=256)
-  parser.add_argument("--schedule", default="b16s4")
-  parser.add_argument("--cache-phases", type=int, default=4)
-  parser.add_argument("--lockstep", action="store_true")
-  parser.add_argument("--fused-head", action="store_true")
+  generation_case.add_arguments(parser, cache_phases=4)
   args = parser.parse_args(argv)
   if args.cache_phases < 2:
     parser.error(f"--cache-phases: >= 2 (stages exist), got "
@@ -87,21 +82,14 @@ def _compile_and_write(args, out: pathlib.Path) -> None:
   import generation
   import jax
   import jax.numpy as jnp
-  from tunix_blockdiff import config as config_lib
   from tunix_blockdiff.rollout import cached
 
-  model, model_config = generation.build_model(
-      args.model, "float32" if args.model == "tiny" else "bfloat16")
-  vocab = model_config.vocab_size
-  tokens, lengths = generation.prompts(args.batch, args.prompt_width, vocab,
-                                       seed=args.batch)
-  config = config_lib.DenoiseConfig(mask_token_id=vocab - 1,
-                                    **generation.SCHEDULES[args.schedule])
-  graphdef, state = nnx.split(model)
-  inputs = (state, jnp.asarray(tokens, jnp.int32),
-            jnp.asarray(lengths, jnp.int32), jax.random.key(0))
+  case = generation_case.build(args, generation)
+  graphdef, state = nnx.split(case.model)
+  inputs = (state, jnp.asarray(case.tokens, jnp.int32),
+            jnp.asarray(case.lengths, jnp.int32), jax.random.key(0))
   init, phases, finish = cached.stage_programs(
-      graphdef, config, args.new_tokens, args.cache_phases, args.lockstep,
+      graphdef, case.config, args.new_tokens, args.cache_phases, args.lockstep,
       False, args.fused_head)
   lowered = cached.lower_stages([init, *phases, finish], inputs)
   names = ["stage_0_prefill",
@@ -114,7 +102,7 @@ def _compile_and_write(args, out: pathlib.Path) -> None:
 
   with futures.ThreadPoolExecutor(len(lowered)) as pool:
     list(pool.map(write, zip(names, lowered)))
-  key = (config, args.new_tokens, True, args.cache_phases, args.lockstep,
+  key = (case.config, args.new_tokens, True, args.cache_phases, args.lockstep,
          False, args.fused_head, True)
   one = cached._program(graphdef, key)  # pylint: disable=protected-access
   (out / "one_program.txt").write_text(

@@ -29,6 +29,8 @@ import sys
 import tempfile
 import time
 
+import generation_case
+
 
 def accepted_default(mode: str):
   """The value of `mode` that a `generate` without it behaves as."""
@@ -39,14 +41,7 @@ def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("tag")
   parser.add_argument("out")
-  parser.add_argument("--model", default="qwen3_0p6b")
-  parser.add_argument("--batch", type=int, default=32)
-  parser.add_argument("--prompt-width", type=int, default=64)
-  parser.add_argument("--new-tokens", type=int, default=256)
-  parser.add_argument("--schedule", default="b16s4")
-  parser.add_argument("--cache-phases", type=int, default=1)
-  parser.add_argument("--lockstep", action="store_true")
-  parser.add_argument("--fused-head", action="store_true")
+  generation_case.add_arguments(parser)
   parser.add_argument("--one-program", action="store_true")
   parser.add_argument("--repeats", type=int, default=5)
   args = parser.parse_args(argv)
@@ -57,16 +52,9 @@ def main(argv=None) -> int:
   import jax
   import generation
   import profile_generation
-  from tunix_blockdiff import config as config_lib
   from tunix_blockdiff.rollout import cached
 
-  model, model_config = generation.build_model(
-      args.model, "float32" if args.model == "tiny" else "bfloat16")
-  vocab = model_config.vocab_size
-  tokens, lengths = generation.prompts(args.batch, args.prompt_width, vocab,
-                                       seed=args.batch)
-  config = config_lib.DenoiseConfig(mask_token_id=vocab - 1,
-                                    **generation.SCHEDULES[args.schedule])
+  case = generation_case.build(args, generation)
   modes = dict(cache_phases=args.cache_phases, lockstep=args.lockstep,
                fused_head=args.fused_head, one_program=args.one_program)
   accepted = inspect.signature(cached.generate).parameters
@@ -77,7 +65,7 @@ def main(argv=None) -> int:
   modes = {k: v for k, v in modes.items() if k in accepted}
 
   def run():
-    return cached.generate(model, tokens, lengths, config,
+    return cached.generate(case.model, case.tokens, case.lengths, case.config,
                            max_new_tokens=args.new_tokens, **modes)
 
   start = time.perf_counter()

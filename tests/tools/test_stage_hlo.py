@@ -1,11 +1,9 @@
 """`tools/stage_hlo.py`: memory-space assignment counted in compiled HLO."""
 
-import importlib.util
 import pathlib
 
 import pytest
 
-TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "stage_hlo.py"
 
 # A compiled program's text as a TPU backend prints it, cut to what the
 # summary reads: the entry layouts, two async copies, values in S(1).
@@ -21,15 +19,8 @@ ENTRY %main {
 """
 
 
-def _tool():
-  spec = importlib.util.spec_from_file_location("stage_hlo_tool", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
-def test_summary_counts_async_copies_fast_memory_and_entry_layouts():
-  summary = _tool().summarise(TEXT)
+def test_summary_counts_async_copies_fast_memory_and_entry_layouts(load_tool):
+  summary = load_tool("stage_hlo").summarise(TEXT)
   assert summary["copy_starts"] == 2
   assert summary["fast_memory_values"] == 3
   assert summary["most_in_fast_memory"][0] == ("bf16[256,3072]", 2)
@@ -38,8 +29,8 @@ def test_summary_counts_async_copies_fast_memory_and_entry_layouts():
 
 
 def test_summarise_reads_written_texts_and_refuses_what_it_cannot_run(
-    tmp_path, capsys):
-  tool = _tool()
+    load_tool, tmp_path, capsys):
+  tool = load_tool("stage_hlo")
   (tmp_path / "stage_1_phase_0.txt").write_text(TEXT)
   assert tool.main([str(tmp_path), "--summarise"]) == 0
   assert "stage_1_phase_0 {'copy_starts': 2" in capsys.readouterr().out
@@ -48,3 +39,4 @@ def test_summarise_reads_written_texts_and_refuses_what_it_cannot_run(
   with pytest.raises(SystemExit):
     tool.main([str(tmp_path), "--cache-phases", "1"])
   assert "--cache-phases: >= 2" in capsys.readouterr().err
+

@@ -1,19 +1,9 @@
 """`tools/suite_profile.py`: the suite's time summary from its records."""
 
-import importlib.util
 import json
 import pathlib
 
 import pytest
-
-TOOL = pathlib.Path(__file__).resolve().parents[2] / "tools" / "suite_profile.py"
-
-
-def _tool():
-  spec = importlib.util.spec_from_file_location("suite_profile_tool", TOOL)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
 
 
 def _record(test, wall, lowered, compiled=()):
@@ -23,7 +13,8 @@ def _record(test, wall, lowered, compiled=()):
           "compiled": list(compiled)}
 
 
-def test_summary_totals_slowest_tests_and_lowering_by_name(tmp_path):
+def test_summary_totals_slowest_tests_and_lowering_by_name(
+    load_tool, tmp_path):
   rows = {
       "gw0": [_record("a::slow", 9.0, [["jit(run)", 2, 3.0]]),
               _record("a::fast", 1.0, [["jit(add)", 40, 0.5]])],
@@ -33,7 +24,8 @@ def test_summary_totals_slowest_tests_and_lowering_by_name(tmp_path):
   for worker, records in rows.items():
     (tmp_path / f"{worker}.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in records))
-  text = _tool().summarize(tmp_path, slowest=2).splitlines()
+  tool = load_tool("suite_profile")
+  text = tool.summarize(tmp_path, slowest=2).splitlines()
   assert text[0].startswith("3 tests, 14 s of test time;")
   assert "launched processes' CPU 3 s" in text[0]
   assert "lowering 1 s" in text[0]  # 3 x 0.25 s, rounded
@@ -45,7 +37,8 @@ def test_summary_totals_slowest_tests_and_lowering_by_name(tmp_path):
   assert text[5].split() == ["0.8", "s", "x50", "jit(add)"]
 
 
-def test_compilation_by_name_and_the_small_programs_share(tmp_path):
+def test_compilation_by_name_and_the_small_programs_share(
+    load_tool, tmp_path):
   records = [
       _record("a::big", 9.0, [["jit(run)", 2, 3.0]], [["jit(run)", 4.0]]),
       _record("a::eager", 1.0, [["jit(add)", 40, 0.5]], [["jit(add)", 0.8]]),
@@ -53,7 +46,8 @@ def test_compilation_by_name_and_the_small_programs_share(tmp_path):
   ]
   (tmp_path / "gw0.jsonl").write_text(
       "".join(json.dumps(r) + "\n" for r in records))
-  text = _tool().summarize(tmp_path, slowest=2).splitlines()
+  tool = load_tool("suite_profile")
+  text = tool.summarize(tmp_path, slowest=2).splitlines()
   start = text.index("the most XLA compilation time, by function:")
   assert text[start + 1].split() == ["4.0", "s", "x2", "jit(run)"]
   assert text[start + 2].split() == ["1.0", "s", "x50", "jit(add)"]
@@ -62,6 +56,6 @@ def test_compilation_by_name_and_the_small_programs_share(tmp_path):
                              " lowerings, 1 s lowering + 1 s compiling")
 
 
-def test_an_empty_directory_is_an_error(tmp_path):
+def test_an_empty_directory_is_an_error(load_tool, tmp_path):
   with pytest.raises(ValueError, match="no \\*.jsonl records"):
-    _tool().summarize(tmp_path)
+    load_tool("suite_profile").summarize(tmp_path)
