@@ -83,6 +83,7 @@ def _compile_and_write(args, out: pathlib.Path) -> None:
   import jax
   import jax.numpy as jnp
   from tunix_blockdiff.rollout import cached
+  from tunix_blockdiff.rollout import cached_state
 
   case = generation_case.build(args, generation)
   graphdef, state = nnx.split(case.model)
@@ -91,6 +92,10 @@ def _compile_and_write(args, out: pathlib.Path) -> None:
   init, phases, finish = cached.stage_programs(
       graphdef, case.config, args.new_tokens, args.cache_phases, args.lockstep,
       False, args.fused_head)
+  # A short case makes fewer phases than asked; `generate` runs those.
+  phases = phases[:cached_state.num_phases(
+      args.prompt_width, args.new_tokens, case.config.block_size,
+      args.cache_phases)]
   lowered = cached.lower_stages([init, *phases, finish], inputs)
   names = ["stage_0_prefill",
            *[f"stage_{p + 1}_phase_{p}" for p in range(len(phases))],

@@ -40,3 +40,14 @@ def test_summarise_reads_written_texts_and_refuses_what_it_cannot_run(
     tool.main([str(tmp_path), "--cache-phases", "1"])
   assert "--cache-phases: >= 2" in capsys.readouterr().err
 
+
+def test_a_short_case_compiles_only_the_phases_generate_runs(
+    load_tool, tmp_path, capsys):
+  # 8 new tokens in blocks of 4 make one phase of the two asked for.
+  tool = load_tool("stage_hlo")
+  assert tool.main([str(tmp_path), "--model", "tiny", "--batch", "2",
+                    "--prompt-width", "8", "--new-tokens", "8",
+                    "--schedule", "b4s1", "--cache-phases", "2"]) == 0
+  assert sorted(p.stem for p in tmp_path.glob("*.txt")) == [
+      "one_program", "stage_0_prefill", "stage_1_phase_0", "stage_2_result"]
+  assert "stage_1_phase_0 {'copy_starts': 0" in capsys.readouterr().out
