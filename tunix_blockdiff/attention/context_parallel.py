@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tunix_blockdiff import arrays
+
 
 def _check_cp(seq_len, cp_size) -> tuple[int, int]:
   for name, value in (("seq_len", seq_len), ("cp_size", cp_size)):
@@ -68,7 +70,7 @@ def inverse_order(order: np.ndarray) -> np.ndarray:
 
 def _take(x, indices: np.ndarray, axis: int):
   if isinstance(x, (jax.Array, jax.core.Tracer)):
-    return jnp.take(x, jnp.asarray(indices), axis=axis)
+    return jnp.take(x, arrays.asarray(indices), axis=axis)
   return np.take(np.asarray(x), indices, axis=axis)
 
 

@@ -15,6 +15,8 @@ import numbers
 import jax
 import jax.numpy as jnp
 
+from tunix_blockdiff import arrays
+
 
 def check_block_size(block_size) -> int:
   """Returns `block_size` as an int or raises naming the rule."""
@@ -28,7 +30,7 @@ def check_block_size(block_size) -> int:
 
 
 def _as_batched_int(name: str, value) -> jax.Array:
-  value = jnp.asarray(value)
+  value = arrays.asarray(value)
   if not jnp.issubdtype(value.dtype, jnp.integer):
     raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
   if value.ndim == 1:
@@ -39,7 +41,7 @@ def _as_batched_int(name: str, value) -> jax.Array:
 
 
 def _check_same_shape(name: str, value, reference_name: str, shape) -> jax.Array:
-  value = jnp.asarray(value)
+  value = arrays.asarray(value)
   if value.ndim == 1:
     value = value[None, :]
   if value.shape != tuple(shape):

@@ -21,6 +21,7 @@ import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
 import jax.numpy as jnp
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.attention import context_parallel
 from tunix_blockdiff.attention import masks
@@ -44,7 +45,7 @@ MASK_MODES = config_lib.SPLASH_MASK_MODES
 
 
 def _batched(name: str, value, shape) -> jax.Array:
-  value = jnp.asarray(value)
+  value = arrays.asarray(value)
   if value.ndim == 1:
     value = jnp.broadcast_to(value[None, :], shape)
   if value.shape != tuple(shape):
@@ -140,7 +141,7 @@ def static_mask_matches(
     bool scalar (a JAX array; traceable).
   """
   block_size = masks.check_block_size(block_size)
-  positions = jnp.asarray(positions)
+  positions = arrays.asarray(positions)
   if positions.ndim == 1:
     positions = positions[None, :]
   if positions.ndim != 2 or not jnp.issubdtype(positions.dtype, jnp.integer):
@@ -149,7 +150,7 @@ def static_mask_matches(
         f" {positions.dtype}{positions.shape}"
     )
   shape = positions.shape
-  rows = jnp.asarray(context_parallel.load_balance_order(shape[1], cp_size))
+  rows = arrays.asarray(context_parallel.load_balance_order(shape[1], cp_size))
   offset = rows[None, :] - positions.astype(jnp.int32)
   valid = (
       jnp.ones(shape, jnp.bool_)

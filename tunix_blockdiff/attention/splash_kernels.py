@@ -13,9 +13,9 @@ import jax
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as splash_kernel
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as splash_mask
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask_info as splash_mask_info
-import jax.numpy as jnp
 import numpy as np
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff.attention.splash_masks import _check_int
 from tunix_blockdiff.attention.splash_masks import block_causal_splash_mask
 
@@ -164,7 +164,7 @@ def make_splash_kernel(
 
   def info(process, tile):
     mask_info, mask_function = process(mask, tile, shrink_grid=False, **shards)
-    return jax.tree.map(jnp.array, mask_info), mask_function
+    return jax.tree.map(arrays.asarray, mask_info), mask_function
 
   sizes = block_sizes
   fwd, mask_function = info(

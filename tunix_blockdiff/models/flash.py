@@ -38,6 +38,7 @@ import jax
 from jax.interpreters import pxla
 import jax.numpy as jnp
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff.attention import splash
 from tunix_blockdiff.models import logits as modeling
@@ -71,7 +72,7 @@ def model_segment_ids(
     Static: int32 [B, L] document ids with padding apart (None when there is
     neither). Position-aware: int32 [B, L, 2] of (document, position).
   """
-  positions = jnp.asarray(positions)
+  positions = arrays.asarray(positions)
   if positions.ndim != 2:
     raise ValueError(
         f"positions must have shape [batch, length], got {positions.shape}"

@@ -253,16 +253,17 @@ def compare_reference(directory: str | pathlib.Path) -> float:
   PyTorch code on fixed tokens, positions and mask) against the model
   `checkpoints.load_hf` reads from the same directory, in float32.
   """
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
   import numpy as np  # pylint: disable=g-import-not-at-top
 
+  from tunix_blockdiff import arrays  # pylint: disable=g-import-not-at-top
   from tunix_blockdiff.models import checkpoints  # pylint: disable=g-import-not-at-top
 
   directory = pathlib.Path(directory).expanduser()
   ref = np.load(directory / "reference.npz")
   model = checkpoints.load_hf(directory, dtype="float32")
-  logits, _ = model(jnp.asarray(ref["tokens"]), jnp.asarray(ref["positions"]),
-                    None, jnp.asarray(ref["mask"]))
+  logits, _ = model(arrays.asarray(ref["tokens"]),
+                    arrays.asarray(ref["positions"]), None,
+                    arrays.asarray(ref["mask"]))
   return float(np.abs(np.asarray(logits) - ref["logits"]).max())
 
 

@@ -16,6 +16,7 @@ from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff.rl import cluster as cluster_lib
 from tunix_blockdiff.rl import grpo
 from tunix_blockdiff.rl import likelihood as likelihood_lib
@@ -187,14 +188,14 @@ class BlockDiffusionGRPOLearner(TraceLearnerMixin, grpo_learner.GRPOLearner):
           mode=mode,
       )
     return grpo.BlockDiffusionTrainExample(
-        prompt_ids=jnp.asarray(prompt_ids),
-        prompt_mask=jnp.asarray(prompt_mask),
-        completion_ids=jnp.asarray(trace_tokens),
-        completion_mask=jnp.asarray((commit_step >= 0).astype(np.int32)),
-        advantages=jnp.asarray(advantages, jnp.float32),
+        prompt_ids=arrays.asarray(prompt_ids),
+        prompt_mask=arrays.asarray(prompt_mask),
+        completion_ids=arrays.asarray(trace_tokens),
+        completion_mask=arrays.asarray((commit_step >= 0).astype(np.int32)),
+        advantages=arrays.asarray(advantages, jnp.float32),
         ref_per_token_logps=ref_logps,
         old_per_token_logps=old_logps,
-        commit_step=jnp.asarray(commit_step),
+        commit_step=arrays.asarray(commit_step),
     )
 
 

@@ -44,6 +44,7 @@ from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl import rl_learner
 from tunix.rl import utils as rl_utils
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import distributed
 from tunix_blockdiff import models
@@ -217,14 +218,14 @@ class BlockDiffusionOPDLearner(learners.TraceLearnerMixin, rl_learner.RLLearner)
           mode=mode,
       )
     return grpo.BlockDiffusionTrainExample(
-        prompt_ids=jnp.asarray(prompt_ids),
-        prompt_mask=jnp.asarray(prompt_mask),
-        completion_ids=jnp.asarray(trace_tokens),
-        completion_mask=jnp.asarray(scored.astype(np.int32)),
-        advantages=jnp.zeros((len(trace_tokens),), jnp.float32),
+        prompt_ids=arrays.asarray(prompt_ids),
+        prompt_mask=arrays.asarray(prompt_mask),
+        completion_ids=arrays.asarray(trace_tokens),
+        completion_mask=arrays.asarray(scored.astype(np.int32)),
+        advantages=arrays.asarray(np.zeros((len(trace_tokens),), np.float32)),
         ref_per_token_logps=None,
         old_per_token_logps=None,
-        commit_step=jnp.asarray(commit_step),
+        commit_step=arrays.asarray(commit_step),
         teacher_logits=logits,
         teacher_per_token_logps=teacher_logps,
     )

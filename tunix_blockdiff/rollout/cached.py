@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.models import logits as modeling
 from tunix_blockdiff.models import programs
@@ -211,8 +212,8 @@ def _check_generate_inputs(
     )
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-  prompt_tokens = jnp.asarray(prompt_tokens)
-  prompt_lengths = jnp.asarray(prompt_lengths)
+  prompt_tokens = arrays.asarray(prompt_tokens)
+  prompt_lengths = arrays.asarray(prompt_lengths)
   if prompt_tokens.ndim != 2:
     raise ValueError(
         "prompt_tokens must have shape [batch, prompt_width], got"

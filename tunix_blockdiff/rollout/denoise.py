@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff.rollout import transition
 
@@ -94,7 +95,7 @@ def _is_concrete(*arrays) -> bool:
 
 
 def _as_array(name: str, value, kind: str) -> jax.Array:
-  value = jnp.asarray(value)
+  value = arrays.asarray(value)
   if value.ndim != 2:
     raise ValueError(
         f"{name} must have shape [batch, length], got {value.shape}"

@@ -26,6 +26,7 @@ from tunix.rl import function_registry
 from tunix.rl import rl_cluster as rl_cluster_lib
 from tunix.rl.grpo import grpo_learner
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff.kinds.diffusion_gemma import cluster as cluster_lib
 from tunix_blockdiff.kinds.diffusion_gemma import grpo as dg_grpo
 from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
@@ -126,14 +127,14 @@ class DiffusionGemmaGRPOLearner(grpo_learner.GRPOLearner):
     completion_mask = (np.arange(trace.tokens.shape[1])[None]
                        < lengths[:, None])
     return dg_grpo.DiffusionGemmaTrainExample(
-        prompt_ids=jnp.asarray(prompt_ids),
-        prompt_mask=jnp.asarray(prompt_mask),
-        completion_ids=jnp.asarray(trace.tokens),
-        completion_mask=jnp.asarray(completion_mask.astype(np.int32)),
-        advantages=jnp.asarray(advantages, jnp.float32),
+        prompt_ids=arrays.asarray(prompt_ids),
+        prompt_mask=arrays.asarray(prompt_mask),
+        completion_ids=arrays.asarray(trace.tokens),
+        completion_mask=arrays.asarray(completion_mask.astype(np.int32)),
+        advantages=arrays.asarray(advantages, jnp.float32),
         ref_per_token_logps=ref_logps,
         old_per_token_logps=old_logps,
-        trace=jax.tree.map(jnp.asarray, trace),
+        trace=jax.tree.map(arrays.asarray, trace),
     )
 
   def _log_rollout_metrics(self, output, rewards, mode) -> None:

@@ -59,6 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 from tunix.rl import rl_cluster as rl_cluster_lib
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff import errors
 from tunix_blockdiff.runs import ar_teacher
 from tunix_blockdiff.runs import common
@@ -119,8 +120,9 @@ class TeacherLogProb:
       completion[row, :len(ids)] = ids
       mask[row, :len(ids)] = True
     return np.asarray(self._score(
-        self._state, jnp.asarray(encoded.tokens), jnp.asarray(prompt_mask),
-        jnp.asarray(completion), jnp.asarray(mask))).astype(float).tolist()
+        self._state, arrays.asarray(encoded.tokens),
+        arrays.asarray(prompt_mask), arrays.asarray(completion),
+        arrays.asarray(mask))).astype(float).tolist()
 
 
 def _check(cfg) -> None:

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tunix_blockdiff import arrays
 from tunix_blockdiff import distributed
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
 from tunix_blockdiff.models.diffusion_gemma import layers as dg_layers
@@ -161,11 +162,11 @@ def _sequence_logprobs(model, prompt_tokens, prompt_valid, trace, config,
     return carry, jnp.where(active, logp, 0.0)
 
   def steps_first(x):  # [B, K, N, ...] -> [K, N, B, ...]
-    return jnp.moveaxis(jnp.asarray(x), 0, 2)
+    return jnp.moveaxis(arrays.asarray(x), 0, 2)
 
   xs = (jnp.arange(k), steps_first(trace.canvas),
         steps_first(trace.next_canvas), steps_first(trace.live),
-        steps_first(trace.sc_on), jnp.asarray(trace.active).T)
+        steps_first(trace.sc_on), arrays.asarray(trace.active).T)
   _, per_canvas_logp = jax.lax.scan(one_canvas, None, xs)   # [K, B]
   per_canvas_logp = per_canvas_logp.T
   if per_canvas:
@@ -211,11 +212,11 @@ class SequenceScorer:
                prompt_valid, trace: output_lib.DiffusionGemmaTrace
                ) -> jax.Array:
     """float32 [B] log P of each row's trajectories under `model`."""
-    check_inputs(model, jnp.asarray(prompt_tokens),
-                 jnp.asarray(prompt_valid), trace)
+    check_inputs(model, arrays.asarray(prompt_tokens),
+                 arrays.asarray(prompt_valid), trace)
     leaves, treedef = jax.tree.flatten(trace)
     state = nnx.state(model)
-    return jnp.asarray(distributed.call_sharded(
+    return arrays.asarray(distributed.call_sharded(
         lambda tokens, valid, *rows: self._score(
             state, tokens, valid, jax.tree.unflatten(treedef, rows)),
         self.mesh, prompt_tokens, np.asarray(prompt_valid, bool), *leaves))
