@@ -1,13 +1,12 @@
 """`arrays.asarray`: `jnp.asarray`'s result, without a program per shape."""
 
-import contextlib
 import itertools
 
+import compilations
 from hypothesis import given
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 import jax
-from jax._src import monitoring
 import jax.numpy as jnp
 import numpy as np
 
@@ -20,30 +19,13 @@ DTYPES = st.sampled_from([np.int64, np.int32, np.int8, np.uint8, np.uint32,
                           np.bool_, np.float64, np.float32, np.float16])
 
 
-@contextlib.contextmanager
-def _compilations():
-  """Counts XLA compilations (and compilation-cache reads) in the block."""
-  events = []
-
-  def listen(event, duration, **kwargs):
-    del duration, kwargs
-    if event == "/jax/core/compile/backend_compile_duration":
-      events.append(event)
-
-  monitoring.register_event_duration_secs_listener(listen)
-  try:
-    yield events
-  finally:
-    monitoring.unregister_event_duration_listener(listen)
-
-
 @given(data=st.data(), dtype=DTYPES,
        shape=hnp.array_shapes(min_dims=0, max_dims=3, max_side=5))
 def test_a_numpy_array_gives_jnp_asarrays_array_without_compiling(
     data, dtype, shape):
   value = data.draw(hnp.arrays(np.int8, shape, elements=st.integers(0, 100)))
   value = np.broadcast_to(value, (next(_FRESH_SIZES),) + shape).astype(dtype)
-  with _compilations() as events:
+  with compilations.counting() as events:
     got = arrays.asarray(value)
   assert not events
   want = jnp.asarray(value)
@@ -55,7 +37,7 @@ def test_a_numpy_array_gives_jnp_asarrays_array_without_compiling(
 
 def test_a_dtype_is_cast_on_the_host_and_other_values_go_to_jnp_asarray():
   value = np.linspace(0, 1, 6 * 13).reshape(6, 13)  # float64
-  with _compilations() as events:
+  with compilations.counting() as events:
     got = arrays.asarray(value, jnp.float32)
     ints = arrays.asarray(np.arange(13 * 3).reshape(13, 3))  # int64
   assert not events

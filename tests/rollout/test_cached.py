@@ -1,11 +1,11 @@
 """Tests for exact block-KV-cached generation (DESIGN.md 5.4, 5.5)."""
 
-import contextlib
 import functools
 import importlib.util
 import pathlib
 import sys
 
+import compilations
 from flax import nnx
 import generations
 import jax
@@ -411,12 +411,12 @@ def test_cache_phases_give_the_same_generation(phases):
   run = functools.partial(cached.generate, model, prompts, lengths, config,
                           max_new_tokens=21, rng=jax.random.key(3))
   one_phase = run(cache_phases=1)
-  with _counting_compiles() as compiles:
+  with compilations.counting() as compiles:
     staged = run(cache_phases=phases)
   # Each stage compiled once (in threads, before it runs), none twice.
   stages = cached_state.num_phases(PROMPT_WIDTH, 21, BLOCK, phases) + 2
   assert len(compiles) == stages, compiles
-  with _counting_compiles() as compiles:
+  with compilations.counting() as compiles:
     again = run(cache_phases=phases)
   assert not compiles
   # Shorter key axes sum in another order: log-probs agree to rounding.
@@ -424,7 +424,7 @@ def test_cache_phases_give_the_same_generation(phases):
   generations.assert_same_generation(again, staged)
   if phases == 2:
     # Every stage in one program: one compilation, the same generation.
-    with _counting_compiles() as compiles:
+    with compilations.counting() as compiles:
       whole = run(cache_phases=phases, one_program=True)
     assert len(compiles) == 1, compiles
     generations.assert_same_generation(whole, staged)
@@ -438,23 +438,6 @@ def test_one_program_is_a_bool_mode_of_the_cached_driver():
   with pytest.raises(ValueError, match="one_program=True .* use_cache=True"):
     cached.generate(*args, max_new_tokens=4, use_cache=False,
                     one_program=True)
-
-
-@contextlib.contextmanager
-def _counting_compiles():
-  """Yields the list of XLA compilations made inside the block."""
-  compiles = []
-
-  def listen(event, duration, **kwargs):
-    del duration, kwargs
-    if event == "/jax/core/compile/backend_compile_duration":
-      compiles.append(event)
-
-  jax.monitoring.register_event_duration_secs_listener(listen)
-  try:
-    yield compiles
-  finally:
-    jax.monitoring.unregister_event_duration_listener(listen)
 
 
 @pytest.mark.parametrize(
