@@ -314,9 +314,9 @@ def evaluate_divergence(
   rows = distributed.pad_rows(rows, distributed.row_multiple(mesh))
   rows[-2][len(student_batch.target_ids) :] = 0.0
 
-  def call(*arrays):
-    inputs = dict(zip(names, arrays[: len(names)]))
-    return entry[1](state, inputs, *arrays[len(names) :])
+  def call(*values):
+    inputs = dict(zip(names, values[: len(names)]))
+    return entry[1](state, inputs, *values[len(names) :])
 
   # One jitted program over rows sharded like the teacher's: eager
   # per-op dispatch over a multi-process mesh can wait forever on gloo.

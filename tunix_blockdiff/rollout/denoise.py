@@ -90,8 +90,8 @@ class DenoiseTrace(NamedTuple):
 # ----------------------------------------------------------------------------
 
 
-def _is_concrete(*arrays) -> bool:
-  return not any(isinstance(a, jax.core.Tracer) for a in arrays)
+def _is_concrete(*values) -> bool:
+  return not any(isinstance(a, jax.core.Tracer) for a in values)
 
 
 def _as_array(name: str, value, kind: str) -> jax.Array:
