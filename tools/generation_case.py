@@ -50,19 +50,30 @@ def add_arguments(parser: argparse.ArgumentParser,
   parser.add_argument("--fused-head", action="store_true")
 
 
-def build(args: argparse.Namespace, generation) -> Case:
-  """The case `args` names, from the `generation` benchmark module given."""
+def check_schedule(generation, schedule: str) -> None:
+  """Raises ValueError unless `schedule` is a key of `generation.SCHEDULES`."""
+  if schedule not in generation.SCHEDULES:
+    raise ValueError(f"--schedule: one of {sorted(generation.SCHEDULES)}, "
+                     f"got {schedule!r}")
+
+
+def denoise_config(generation, schedule: str, vocab: int):
+  """`generation.SCHEDULES[schedule]`'s `DenoiseConfig` (mask `vocab - 1`)."""
   # pylint: disable=g-import-not-at-top
   from tunix_blockdiff import config as config_lib
 
-  if args.schedule not in generation.SCHEDULES:
-    raise ValueError(f"--schedule: one of {sorted(generation.SCHEDULES)}, "
-                     f"got {args.schedule!r}")
+  check_schedule(generation, schedule)
+  return config_lib.DenoiseConfig(mask_token_id=vocab - 1,
+                                  **generation.SCHEDULES[schedule])
+
+
+def build(args: argparse.Namespace, generation) -> Case:
+  """The case `args` names, from the `generation` benchmark module given."""
+  check_schedule(generation, args.schedule)
   model, model_config = generation.build_model(
       args.model, "float32" if args.model == "tiny" else "bfloat16")
   vocab = model_config.vocab_size
   tokens, lengths = generation.prompts(args.batch, args.prompt_width, vocab,
                                        seed=args.batch)
-  config = config_lib.DenoiseConfig(mask_token_id=vocab - 1,
-                                    **generation.SCHEDULES[args.schedule])
-  return Case(model, vocab, tokens, lengths, config)
+  return Case(model, vocab, tokens, lengths,
+              denoise_config(generation, args.schedule, vocab))
