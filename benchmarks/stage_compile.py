@@ -39,13 +39,14 @@ def lowered_stages(graphdef, state, tokens, lengths, config, new, phases):
 
   Fresh `jax.jit`s of `cached.stage_programs`, lowered in this thread.
   """
-  init, phase_programs, finish = cached.stage_programs(graphdef, config, new,
-                                                       phases)
+  init, phase_programs, finish = cached.stage_programs(
+      graphdef, cached.program_config(config), new, phases)
   count = cached_state.num_phases(tokens.shape[1], new, config.block_size,
                                   phases)
   names = ["init", *(f"phase {p}" for p in range(count)), "finish"]
   lowered = cached.lower_stages([init, *phase_programs[:count], finish],
-                                (state, tokens, lengths, jax.random.key(0)))
+                                (state, tokens, lengths, jax.random.key(0),
+                                 cached.threshold_operand(config)))
   return list(zip(names, lowered))
 
 

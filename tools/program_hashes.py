@@ -55,7 +55,11 @@ def main(argv=None) -> int:
     key = (config, args.new_tokens, True, 1, args.lockstep, False,
            args.fused_head, False)
     program = cached._program(graphdef, key)  # pylint: disable=protected-access
-    print(f"generate_{name}", digest(program.lower(*inputs)))
+    # A tree whose programs take the threshold as an operand (since the
+    # threshold sweep shares one program) is passed it too.
+    operand = getattr(cached, "threshold_operand", None)
+    extra = () if operand is None else (operand(config),)
+    print(f"generate_{name}", digest(program.lower(*inputs, *extra)))
   positions = np.tile(np.arange(16, dtype=np.int32), (2, 1))
   print("block_causal_mask", digest(jax.jit(
       lambda p: masks.block_causal_mask(p, p, 4)).lower(positions)))

@@ -88,10 +88,11 @@ def _compile_and_write(args, out: pathlib.Path) -> None:
   case = generation_case.build(args, generation)
   graphdef, state = nnx.split(case.model)
   inputs = (state, jnp.asarray(case.tokens, jnp.int32),
-            jnp.asarray(case.lengths, jnp.int32), jax.random.key(0))
+            jnp.asarray(case.lengths, jnp.int32), jax.random.key(0),
+            cached.threshold_operand(case.config))
   init, phases, finish = cached.stage_programs(
-      graphdef, case.config, args.new_tokens, args.cache_phases, args.lockstep,
-      False, args.fused_head)
+      graphdef, cached.program_config(case.config), args.new_tokens,
+      args.cache_phases, args.lockstep, False, args.fused_head)
   # A short case makes fewer phases than asked; `generate` runs those.
   phases = phases[:cached_state.num_phases(
       args.prompt_width, args.new_tokens, case.config.block_size,

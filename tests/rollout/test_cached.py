@@ -235,7 +235,8 @@ def _assert_compiled_once_and_takes_new_weights(case, before):
   name, config, lengths = CASES[case]
   model = _model(name)
   prompts, lengths = _prompts(lengths)
-  key = (config, NEW_TOKENS, True, 1, False, False, False, False)
+  key = (cached.program_config(config), NEW_TOKENS, True, 1, False, False,
+         False, False)
   program = cached._PROGRAMS.lookup(nnx.graphdef(model), key)
   # New prompts, same shapes: no retrace.
   other = cached.generate(
@@ -265,7 +266,8 @@ def test_another_model_of_the_same_architecture_reuses_the_program():
                                     steps_per_block=2)
   prompts, lengths = _prompts([11, 5])
   first, second = (tiny_models.tiny_qwen3(VOCAB, seed=s) for s in (7, 8))
-  key = (config, 6, True, 1, False, False, False, False)
+  key = (cached.program_config(config), 6, True, 1, False, False, False,
+         False)
   a = cached.generate(first, prompts, lengths, config, max_new_tokens=6)
   program = cached._PROGRAMS.lookup(nnx.graphdef(first), key)
   b = cached.generate(second, prompts, lengths, config, max_new_tokens=6)
@@ -428,6 +430,35 @@ def test_cache_phases_give_the_same_generation(phases):
       whole = run(cache_phases=phases, one_program=True)
     assert len(compiles) == 1, compiles
     generations.assert_same_generation(whole, staged)
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_a_threshold_sweep_shares_one_program(use_cache):
+  """The threshold is an operand: every threshold of a config runs one
+  program, each giving what a program built for its constant threshold
+  gives (the cacheless loop traced with `config.threshold` as it was)."""
+  model = _model("qwen3")
+  prompts, lengths = _prompts([11, 3, 8, 5], seed=4)
+  rng = jax.random.key(5)
+  results = []
+  for i, threshold in enumerate([0.02, 0.06, 0.9]):
+    config = config_lib.DenoiseConfig(block_size=BLOCK, mask_token_id=MASK,
+                                      threshold=threshold, eos_token_id=25)
+    with compilations.counting() as compiles:
+      got = cached.generate(model, prompts, lengths, config,
+                            max_new_tokens=NEW_TOKENS, rng=rng,
+                            use_cache=use_cache)
+    if i:
+      assert not compiles, (threshold, compiles)
+    constant = jax.jit(functools.partial(
+        cached._cacheless_program,  # pylint: disable=protected-access
+        model, jnp.asarray(prompts), jnp.asarray(lengths), rng, config,
+        NEW_TOKENS, None))()
+    generations.assert_same_generation(got, constant)
+    results.append(got)
+  # The thresholds act: fewer steps as the threshold falls.
+  steps = [int(r.num_steps) for r in results]
+  assert steps[0] < steps[1] < steps[2], steps
 
 
 def test_one_program_is_a_bool_mode_of_the_cached_driver():

@@ -12,6 +12,7 @@ logits; both give the same tokens and commit steps. The pieces live in
 from __future__ import annotations
 
 from concurrent import futures
+import dataclasses
 import numbers
 import threading
 
@@ -37,7 +38,8 @@ sequence_layout = result_lib.sequence_layout
 init_cache = kv_cache.init_cache
 
 
-def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new):
+def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new,
+                       threshold):
   """`denoise` over full-sequence block-causal logits, as a GenerationResult."""
   lengths = lengths.astype(jnp.int32)
   placeholder = jnp.zeros((prompt_tokens.shape[0], num_new), jnp.int32)
@@ -51,7 +53,8 @@ def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new):
       validity=validity,
   )
   result, trace = denoise_lib.denoise_with_trace(
-      logits_fn, tokens, positions, completion, validity, config, rng
+      logits_fn, tokens, positions, completion, validity, config, rng,
+      threshold=threshold,
   )
   width = prompt_tokens.shape[1]
   return GenerationResult(
@@ -74,10 +77,33 @@ def _cacheless_program(model, prompt_tokens, lengths, rng, config, num_new):
 # The loop's programs, shared by every model with an equal GraphDef
 # (`models.programs`).
 _PROGRAMS: programs.ProgramCache = programs.ProgramCache(32)
+# The one threshold of every program's config (`program_config`).
+_PROGRAM_THRESHOLD = 1.0
+
+
+def program_config(
+    config: config_lib.DenoiseConfig) -> config_lib.DenoiseConfig:
+  """`config` as a program sees it: the threshold is an operand instead.
+
+  Every threshold of one config shares one program (an evaluation's
+  threshold sweep compiles the loop once, not once per threshold): the
+  program is built for this config, whose threshold is a fixed placeholder,
+  and is passed `threshold_operand(config)` on every call.
+  """
+  return dataclasses.replace(config, threshold=_PROGRAM_THRESHOLD)
+
+
+def threshold_operand(config: config_lib.DenoiseConfig) -> jax.Array:
+  """float32 [] `config.threshold`, the programs' last operand."""
+  return arrays.asarray(np.float32(config.threshold))
 
 
 def _program(graphdef, key):
-  """The jitted loop of (`graphdef`, `key`), traced on first use."""
+  """The jitted loop of (`graphdef`, `key`), traced on first use.
+
+  `key[0]` is a `DenoiseConfig`, kept as `program_config` of it.
+  """
+  key = (program_config(key[0]), *key[1:])
   return _PROGRAMS.get(graphdef, key, lambda: _build(graphdef, key))
 
 
@@ -86,14 +112,15 @@ def _build(graphdef, key):
   (config, num_new, use_cache, cache_phases, lockstep, ragged_cache,
    fused_head, one_program) = key
 
-  def run(state, prompt_tokens, lengths, rng):
+  def run(state, prompt_tokens, lengths, rng, threshold):
     merged = nnx.merge(graphdef, state)
     if use_cache:
       return cached_loop.cached_program(merged, prompt_tokens, lengths, rng,
                                         config, num_new, cache_phases,
-                                        lockstep, ragged_cache, fused_head)
+                                        lockstep, ragged_cache, fused_head,
+                                        threshold)
     return _cacheless_program(merged, prompt_tokens, lengths, rng, config,
-                              num_new)
+                              num_new, threshold)
 
   if not use_cache or cache_phases == 1 or one_program:
     return jax.jit(run)
@@ -119,8 +146,8 @@ def _staged(graphdef, key):
   compiled = set()  # the prompt shapes whose stages are compiled
   lock = threading.Lock()
 
-  def run(state, prompt_tokens, lengths, rng):
-    inputs = (state, prompt_tokens, lengths, rng)
+  def run(state, prompt_tokens, lengths, rng, threshold):
+    inputs = (state, prompt_tokens, lengths, rng, threshold)
     count = cached_state.num_phases(prompt_tokens.shape[1], num_new,
                                    config.block_size, cache_phases)
     programs_in_use = [init, *phases[:count], finish]
@@ -146,14 +173,14 @@ def stage_programs(graphdef, config, num_new: int, cache_phases: int,
 
   `phases[p]` runs phase p (`cache_phases` of them; a prompt width may
   use fewer, `cached_state.num_phases`) and is donated the loop state.
-  Each takes `(loop state, model state, prompt_tokens, lengths, rng)`;
-  `init` the last four only.
+  Each takes `(loop state, model state, prompt_tokens, lengths, rng,
+  threshold)` (`threshold_operand`); `init` the last five only.
   """
 
-  def stages(state, prompt_tokens, lengths, rng):
+  def stages(state, prompt_tokens, lengths, rng, threshold):
     return cached_loop.cached_stages(
         nnx.merge(graphdef, state), prompt_tokens, lengths, rng, config,
-        num_new, cache_phases, lockstep, ragged_cache, fused_head)
+        num_new, cache_phases, lockstep, ragged_cache, fused_head, threshold)
 
   init = jax.jit(lambda *inputs: stages(*inputs).init())
   phases = [
@@ -165,7 +192,7 @@ def stage_programs(graphdef, config, num_new: int, cache_phases: int,
 
 
 def lower_stages(programs, inputs) -> list:
-  """`[init, *phases, finish]` lowered for `inputs` (init's last four).
+  """`[init, *phases, finish]` lowered for `inputs` (init's last five).
 
   The loop state they pass on is typed by `init`'s output shapes.
   """
@@ -273,10 +300,11 @@ def generate(
   The whole loop is one jitted program (one per stage with
   `cache_phases` > 1, unless `one_program`), compiled once per
   (architecture, config, shapes, modes) and reused: the model's current
-  parameters are passed in on every call, so updated weights need no
-  recompilation, and
-  another model with an equal `nnx.GraphDef` (a new instance, a reloaded
-  checkpoint) reuses the program (the 32 most recent are kept).
+  parameters and the config's threshold are passed in on every call, so
+  updated weights and another threshold (an evaluation's sweep) need no
+  recompilation, and another model with an equal `nnx.GraphDef` (a new
+  instance, a reloaded checkpoint) reuses the program (the 32 most recent
+  are kept).
 
   With `use_cache=True` each step runs the model on one block-wide window per
   row against the row's clean earlier blocks in the KV cache (see the module
@@ -365,4 +393,5 @@ def generate(
   key = (config, int(max_new_tokens), bool(use_cache), phases, lockstep,
          ragged_cache, fused_head, one_program and phases > 1)
   program = _program(graphdef, key)
-  return program(state, prompt_tokens, prompt_lengths, rng)
+  return program(state, prompt_tokens, prompt_lengths, rng,
+                 threshold_operand(config))

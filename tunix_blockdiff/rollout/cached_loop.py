@@ -67,10 +67,12 @@ _State = cached_state.CachedState
 
 def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
                    cache_phases: int = 1, lockstep: bool = False,
-                   ragged_cache: bool = False, fused_head: bool = False):
+                   ragged_cache: bool = False, fused_head: bool = False,
+                   threshold: jax.Array | None = None):
   """Traced body of the cached `generate`: every stage in one program."""
   stages = cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
-                         cache_phases, lockstep, ragged_cache, fused_head)
+                         cache_phases, lockstep, ragged_cache, fused_head,
+                         threshold)
   state = stages.init()
   for phase in range(stages.num_phases):
     state = stages.run_phase(state, phase)
@@ -80,7 +82,8 @@ def cached_program(model, prompt_tokens, lengths, rng, config, num_new,
 def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
                   cache_phases: int = 1, lockstep: bool = False,
                   ragged_cache: bool = False,
-                  fused_head: bool = False) -> cached_state.Stages:
+                  fused_head: bool = False,
+                  threshold: jax.Array | None = None) -> cached_state.Stages:
   """The cached `generate`'s stages; see the module docstring.
 
   Every stage recomputes the layout from the same inputs (cheap index
@@ -109,6 +112,9 @@ def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
   `fused_head` (greedy, same-position alignment) gets each step's proposals
   from `head_kernel`, which never writes the logits: the same proposals up
   to the rounding of the head's product, log-probs to float32 rounding.
+
+  `threshold` (float32 [], traced) replaces `config.threshold`
+  (`transition.select_commits`), so one program serves every threshold.
   """
   width = config.block_size
   batch, prompt_width = prompt_tokens.shape
@@ -302,8 +308,8 @@ def cached_stages(model, prompt_tokens, lengths, rng, config, num_new,
           state, block_start, window_valid, eligible, noise, phase)
     block_steps = jnp.where(block == state.last_block, state.block_steps, 0)
     commit = transition.select_commits(
-        jnp.exp(log_prob), eligible, window_positions, block_steps, config
-    )
+        jnp.exp(log_prob), eligible, window_positions, block_steps, config,
+        threshold)
 
     def merge(field, new):
       return kv_cache.row_merge(field, new, commit, block_start)

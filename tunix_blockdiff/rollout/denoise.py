@@ -227,8 +227,14 @@ def denoise_with_trace(
     validity,
     config: config_lib.DenoiseConfig,
     rng: jax.Array | None = None,
+    *,
+    threshold: jax.Array | None = None,
 ) -> tuple[DenoiseResult, DenoiseTrace]:
-  """`denoise`, also returning the raw pre-EOS-padding `DenoiseTrace`."""
+  """`denoise`, also returning the raw pre-EOS-padding `DenoiseTrace`.
+
+  `threshold` (float32 []) replaces `config.threshold` as a traced value
+  (`transition.select_commits`), so one program serves every threshold.
+  """
   canvas, positions, completion, validity = _check_inputs(
       canvas, positions, completion, validity, config, rng
   )
@@ -295,7 +301,8 @@ def denoise_with_trace(
 
     block_steps = jnp.where(block == state.last_block, state.block_steps, 0)
     commit = select_commits(
-        jnp.exp(log_prob), eligible, window_positions, block_steps, config
+        jnp.exp(log_prob), eligible, window_positions, block_steps, config,
+        threshold,
     )
     # Non-committed window slots scatter to index L and are dropped.
     target = jnp.where(commit, index, length)

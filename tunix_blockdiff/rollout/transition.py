@@ -262,6 +262,7 @@ def select_commits(
     positions: jax.Array,
     block_steps: jax.Array,
     config: config_lib.DenoiseConfig,
+    threshold: jax.Array | None = None,
 ) -> jax.Array:
   """Which eligible window slots to commit this step (DESIGN.md 5.3 step 3).
 
@@ -279,6 +280,9 @@ def select_commits(
     positions: int [B, W] logical positions (distinct among eligible slots).
     block_steps: int32 [B] steps each row has taken in its current block.
     config: The denoising config.
+    threshold: float32 [] used in place of `config.threshold` (a program's
+      operand, so that one compiled program serves every threshold); None:
+      `config.threshold`.
 
   Returns:
     bool [B, W], a subset of `eligible` with at least one slot in every row
@@ -301,7 +305,9 @@ def select_commits(
     steps_left = jnp.maximum(config.steps_per_block - block_steps, 1)
     count = (left + steps_left - 1) // steps_left
     return eligible & (rank < count[:, None])
-  above = eligible & (confidence > config.threshold)
+  if threshold is None:
+    threshold = config.threshold
+  above = eligible & (confidence > threshold)
   best = eligible & (rank == 0)
   return jnp.where(jnp.any(above, axis=1, keepdims=True), above, best)
 
