@@ -68,7 +68,6 @@ def main(argv=None) -> int:
     parser.error(f"--cache-phases: >= 2, got {args.cache_phases}")
   if args.layers < 0:
     parser.error(f"--layers: >= 0, got {args.layers}")
-  jax.config.update("jax_enable_compilation_cache", False)
   model, model_config = generation.build_model(args.model, args.dtype)
   if args.layers:
     model_config = dataclasses.replace(model_config, num_layers=args.layers)
@@ -110,4 +109,8 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+  # Off before the first compilation (JAX reads the setting once per
+  # process); not in `main`, so that a test calling it leaves its process's
+  # cache alone.
+  jax.config.update("jax_enable_compilation_cache", False)
   sys.exit(main())
