@@ -1,28 +1,21 @@
 """`benchmarks/threshold_sweep.py` on the tiny model, so that it cannot rot."""
 
-import importlib.util
 import json
 import pathlib
 import sys
 
 import pytest
 
-PATH = (pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-        / "threshold_sweep.py")
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]
+                       / "benchmarks"))
 
-
-def _module():
-  sys.path.insert(0, str(PATH.parent))
-  spec = importlib.util.spec_from_file_location("threshold_sweep_bench", PATH)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+import threshold_sweep as bench  # noqa: E402  pylint: disable=g-import-not-at-top
 
 
 def test_the_shared_sweep_compiles_once_and_the_other_at_each_threshold(
     tmp_path, capsys):
   out = tmp_path / "rows.json"
-  assert _module().main([
+  assert bench.main([
       "--batch", "2", "--prompt-width", "8", "--new-tokens", "8",
       "--thresholds", "0.02,0.9", "--json", str(out)]) == 0
   printed = capsys.readouterr().out
@@ -49,5 +42,5 @@ def test_the_shared_sweep_compiles_once_and_the_other_at_each_threshold(
 ])
 def test_bad_flags_are_refused(flags, message, capsys):
   with pytest.raises(SystemExit):
-    _module().main(flags)
+    bench.main(flags)
   assert message in capsys.readouterr().err
