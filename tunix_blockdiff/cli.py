@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import traceback
 
 from tunix_blockdiff import errors
 
@@ -44,13 +45,23 @@ def main(argv: list[str] | None = None) -> int:
   try:
     result = module.main(rest)
   except errors.UsageError as e:
-    # A recipe, argument or data error: one line, no traceback. Any other
-    # exception is an internal failure and keeps its traceback.
+    # A recipe, argument or data error: one line, no traceback.
     print(
         f"tunix-blockdiff {command}: error: {errors.one_line(e)}",
         file=sys.stderr,
     )
     return 2
+  except Exception:  # pylint: disable=broad-exception-caught
+    # Anything else is the package's fault: its traceback, and a line
+    # saying so.
+    traceback.print_exc()
+    print(
+        f"tunix-blockdiff {command}: internal error (a bug in"
+        " tunix-blockdiff, not in your recipe): please report it with the"
+        " traceback above",
+        file=sys.stderr,
+    )
+    return 1
   return int(result or 0)
 
 

@@ -8,8 +8,9 @@ keeps its traceback.
 
 from __future__ import annotations
 
+import argparse
 import difflib
-from typing import Iterable
+from typing import Iterable, NoReturn
 
 
 class UsageError(ValueError):
@@ -18,6 +19,19 @@ class UsageError(ValueError):
 
 class MissingFileError(UsageError, FileNotFoundError):
   """A file or directory the user named does not exist."""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+  """An `argparse` parser whose errors are `UsageError`s (one line, exit 2).
+
+  argparse prints its usage and exits on a bad argument; the jobs' parsers
+  raise instead, so the `tunix-blockdiff` command reports every usage error
+  the same way.
+  """
+
+  def error(self, message: str) -> NoReturn:
+    usage = " ".join(self.format_usage().split())
+    raise UsageError(f"{message}; {usage} (see --help)")
 
 
 def nearest(name: str, valid: Iterable[str]) -> str:
@@ -31,4 +45,6 @@ def one_line(message: str) -> str:
   return " ".join(str(message).split())
 
 
-__all__ = ["MissingFileError", "UsageError", "nearest", "one_line"]
+__all__ = [
+    "ArgumentParser", "MissingFileError", "UsageError", "nearest", "one_line"
+]

@@ -27,6 +27,7 @@ import numpy as np
 
 from tunix_blockdiff import errors
 from tunix_blockdiff.data import examples as examples_lib
+from tunix_blockdiff.data import sources as sources_lib
 from tunix_blockdiff.data.sources import RowError
 
 BAD_ROW_POLICIES = ("skip", "error")
@@ -162,6 +163,32 @@ def _text(row, fields: RowFields, tokenizer, where, *, seed, index):
   )
 
 
+def row_form(row: Any, fields: RowFields, where: str) -> str:
+  """Which form a row has: `chat`, `text` or `pair` (prompt/completion).
+
+  Raises:
+    RowError: not an object, or none of the forms' fields (naming the
+      columns found and the ones wanted).
+  """
+  if not isinstance(row, Mapping):
+    raise RowError(
+        f"{where}: a row must be an object, got {type(row).__name__}"
+    )
+  if fields.messages in row:
+    return "chat"
+  if fields.text in row and fields.prompt not in row:
+    return "text"
+  missing = [f for f in (fields.prompt, fields.completion) if f not in row]
+  if missing:
+    raise RowError(
+        f"{where}: missing field {missing[0]!r}; a row needs"
+        f" {{{fields.prompt!r}, {fields.completion!r}}},"
+        f" {{{fields.messages!r}}} or {{{fields.text!r}}}, got keys"
+        f" {sorted(row)}"
+    )
+  return "pair"
+
+
 def encode_row(
     row: Any,
     *,
@@ -187,22 +214,11 @@ def encode_row(
       completion, text the tokenizer cannot encode).
     ValueError: A chat row and a tokenizer without a chat template.
   """
-  if not isinstance(row, Mapping):
-    raise RowError(
-        f"{where}: a row must be an object, got {type(row).__name__}"
-    )
-  if fields.messages in row:
+  form = row_form(row, fields, where)
+  if form == "chat":
     return _chat(row, fields, tokenizer, where)
-  if fields.text in row and fields.prompt not in row:
+  if form == "text":
     return _text(row, fields, tokenizer, where, seed=seed, index=index)
-  missing = [f for f in (fields.prompt, fields.completion) if f not in row]
-  if missing:
-    raise RowError(
-        f"{where}: missing field {missing[0]!r}; a row needs"
-        f" {{{fields.prompt!r}, {fields.completion!r}}},"
-        f" {{{fields.messages!r}}} or {{{fields.text!r}}}, got keys"
-        f" {sorted(row)}"
-    )
   prompt = _string(row, fields.prompt, where)
   completion = _string(row, fields.completion, where)
   if not completion:
@@ -272,7 +288,8 @@ class FileExamples:
       good.append(index)
     if not good:
       raise errors.UsageError(
-          f"no usable rows in {self.num_rows} rows read"
+          f"no usable rows in {self.num_rows} rows read from"
+          f" {sources_lib.describe(source)}"
           + (f"; first problem: {self.bad_examples[0]}" if self.num_bad else "")
       )
     self._rows = np.frombuffer(good, np.int64)
@@ -313,6 +330,7 @@ class FileExamples:
 
 
 __all__ = [
+    "row_form",
     "BAD_ROW_POLICIES",
     "EncodedRow",
     "FileExamples",

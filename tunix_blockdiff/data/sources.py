@@ -23,7 +23,7 @@ import glob
 import json
 import os
 import pathlib
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -277,7 +277,72 @@ class ConcatSource:
 
 def _open_one(path: str, format: str):  # pylint: disable=redefined-builtin
   check_format(path, format)
-  return _SOURCES[format](path)
+  try:
+    return _SOURCES[format](path)
+  except errors.UsageError:
+    raise
+  except OSError as e:  # Permissions, a directory given as a file, ...
+    raise errors.UsageError(
+        f"{path}: cannot be read ({e.strerror or type(e).__name__})"
+    ) from None
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    # A save_to_disk directory that `datasets` cannot load, and the like.
+    first = (str(e).strip().splitlines() or [""])[0]
+    raise errors.UsageError(
+        f"{path}: not a readable {format} source ({type(e).__name__}:"
+        f" {first})"
+    ) from None
+
+
+def describe(source: Any, limit: int = 3) -> str:
+  """The files of a source, for messages (`a.jsonl, b.jsonl and 2 more`)."""
+  paths = [getattr(s, "path", "?")
+           for s in getattr(source, "sources", [source])]
+  shown = ", ".join(str(p) for p in paths[:limit])
+  return shown + (f" and {len(paths) - limit} more" if len(paths) > limit
+                  else "")
+
+
+def check_rows(
+    paths: str | os.PathLike | Sequence[Any],
+    check: Callable[[str, Any], None],
+    *,
+    format: str = "auto",  # pylint: disable=redefined-builtin
+    bad_rows: str = "skip",
+    limit: int = 1000,
+) -> None:
+  """Opens the files `paths` names and reads until a row passes `check`.
+
+  For checks before any compute: the job reads every row later, but an
+  empty, unreadable or malformed source, or one of the wrong columns,
+  stops it here, naming its files.
+
+  Args:
+    paths: A path, a glob, or a list of them.
+    check: `(location, row) -> None`, raising `UsageError` for a bad row.
+    format: One of `FORMATS`.
+    bad_rows: `error`: the first row must pass; `skip`: one of the first
+      `limit` must.
+    limit: Rows read at most under `skip`.
+
+  Raises:
+    UsageError: naming the files (and the first bad row's `file:line`).
+  """
+  source = open_source(paths, format=format)
+  if not len(source):
+    raise errors.UsageError(f"{describe(source)}: no rows (empty)")
+  first = None
+  for index in range(min(len(source), limit)):
+    try:
+      check(*source[index])
+      return
+    except errors.UsageError as e:
+      if bad_rows == "error":
+        raise
+      first = first or errors.one_line(e)
+  raise errors.UsageError(
+      f"{describe(source)}: none of the first {min(len(source), limit)} rows"
+      f" is usable; the first problem: {first}")
 
 
 def open_source(
@@ -327,6 +392,8 @@ __all__ = [
     "ParquetSource",
     "RowError",
     "check_format",
+    "check_rows",
+    "describe",
     "detect_format",
     "sniff_format",
     "open_source",

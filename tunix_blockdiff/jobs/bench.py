@@ -10,6 +10,8 @@ import pathlib
 import runpy
 import sys
 
+from tunix_blockdiff import errors
+
 BENCHMARKS_DIR = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 
 
@@ -28,12 +30,10 @@ def main(argv: list[str]) -> int:
     return 0
   name, rest = argv[0], argv[1:]
   if name not in names:
-    print(
-        f"unknown benchmark {name!r}; available: {', '.join(names) or 'none'}"
-        f" (looked in {BENCHMARKS_DIR})",
-        file=sys.stderr,
-    )
-    return 2
+    raise errors.UsageError(
+        f"unknown benchmark {name!r}{errors.nearest(name, names)};"
+        f" available: {', '.join(names) or 'none'} (looked in"
+        f" {BENCHMARKS_DIR})")
   saved = sys.argv
   sys.argv = [str(BENCHMARKS_DIR / f"{name}.py")] + rest
   try:

@@ -53,15 +53,8 @@ DEFAULT_THRESHOLD = 0.9
 DTYPES = ("float32", "bfloat16")
 
 
-class _Parser(argparse.ArgumentParser):
-  """argparse whose errors are one-line `UsageError`s, not `sys.exit`."""
-
-  def error(self, message: str):
-    raise errors.UsageError(f"{message}; {USAGE} (see --help)")
-
-
 def _parser() -> argparse.ArgumentParser:
-  parser = _Parser(
+  parser = errors.ArgumentParser(
       prog="tunix-blockdiff distill-data",
       usage=USAGE.removeprefix("usage: "),
       description=__doc__.split("\n\n", 1)[1],

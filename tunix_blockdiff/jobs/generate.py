@@ -58,6 +58,8 @@ from tunix_blockdiff.runs import common
 from tunix_blockdiff.runs import exported
 from tunix_blockdiff.runs import kinds
 from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import schema
+from tunix_blockdiff.runs import sections
 from tunix_blockdiff.runs import sft_data
 
 DEFAULTS = {
@@ -78,6 +80,25 @@ DEFAULTS = {
     "mesh": None,
     "distributed": None,
 }
+# The options' rules (`runs.schema`), checked before anything is loaded.
+OPTIONS = schema.section({
+    "prompts": schema.sequence(schema.text(), low=1, null=True),
+    "threshold": sections.THRESHOLD,
+    "steps_per_block": schema.integer(1, null=True),
+    "sub_block_size": schema.integer(1, null=True),
+    "cache_phases": schema.integer(1),
+    "lockstep": schema.boolean(),
+    "ragged_cache": schema.boolean(),
+    "fused_head": schema.boolean(),
+    "one_program": schema.boolean(),
+    "temperature": schema.number(0),
+    "max_new_tokens": schema.integer(1, null=True),
+    "seed": sections.SEED,
+    "png": schema.text(null=True),
+    "color": schema.boolean(),
+    "mesh": sections.MESH,
+    "distributed": sections.DISTRIBUTED,
+})
 OUTPUT_FILE = "generate.json"
 FIGURE_FILE = "trajectory.png"
 
@@ -118,19 +139,8 @@ def parse_options(
   Raises:
     UsageError: An unknown option (with the nearest known one).
   """
-  options = omegaconf.OmegaConf.create({**DEFAULTS, **(defaults or {})})
-  omegaconf.OmegaConf.set_struct(options, True)
-  try:
-    return omegaconf.OmegaConf.merge(
-        options, omegaconf.OmegaConf.from_dotlist(list(overrides))
-    )
-  except omegaconf.errors.ConfigKeyError as e:
-    key = str(getattr(e, "full_key", "") or e)
-    raise errors.UsageError(
-        f"unknown generate option {key!r}"
-        + errors.nearest(key, DEFAULTS)
-        + f"; known: {sorted(DEFAULTS)}"
-    ) from None
+  return schema.parse_options(overrides, {**DEFAULTS, **(defaults or {})},
+                              OPTIONS, "generate option")
 
 
 def load_trained_model(run_dir: pathlib.Path, cfg, mesh=None):

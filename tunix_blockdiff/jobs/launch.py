@@ -26,6 +26,8 @@ import threading
 import time
 from typing import Sequence
 
+from tunix_blockdiff import errors
+
 
 COMMANDS = ("sft", "generate", "rl", "opd")
 
@@ -49,7 +51,7 @@ def free_port() -> int:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-  parser = argparse.ArgumentParser(
+  parser = errors.ArgumentParser(
       prog="tunix-blockdiff launch",
       description=__doc__.split("\n\n")[1],
   )

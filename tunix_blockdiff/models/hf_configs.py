@@ -25,6 +25,7 @@ _DTYPES = {
     "bfloat16": jnp.bfloat16,
     "float16": jnp.float16,
 }
+DTYPES = tuple(_DTYPES)  # the dtype names a recipe may give
 
 # Hugging Face `model_type` -> family name.
 MODEL_TYPES = {

@@ -384,8 +384,16 @@ def job_main(
     print(f"usage: tunix-blockdiff {command} [RECIPE.yaml] [key=value ...]")
     return 0
   cfg = load_recipe(argv, default_recipe=default_recipe)
+  # One validation pass of the whole recipe, before any data, model or
+  # device work (`runs.job_schemas`); then the mesh against the devices.
+  from tunix_blockdiff.runs import job_schemas  # pylint: disable=g-import-not-at-top
+  from tunix_blockdiff.runs import sections  # pylint: disable=g-import-not-at-top
+
+  recipe = to_dict(cfg)
+  job_schemas.check_recipe(recipe, command)
   # Before anything touches a JAX backend; no-op without `distributed`.
   distributed.initialize(to_dict(cfg.get("distributed")))
+  sections.check_devices(recipe, sequence=command == "sft")
   summary = outputs.finished_summary(cfg)
   if summary is None:
     requested = copy.deepcopy(cfg)

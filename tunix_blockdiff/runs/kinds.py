@@ -46,6 +46,8 @@ class ModelKind:
       arguments naming one of this kind's run or Hugging Face directories.
     verbs: verb -> `"module:function"` implementing it, or None where the
       kind does not take the verb (see `VERBS`).
+    recipe_schema: `"module:name"` of the `runs.schema.Section` its sft
+      recipes are validated against (`runs.job_schemas.check_recipe`).
   """
 
   name: str
@@ -54,6 +56,7 @@ class ModelKind:
   recognises_policy: str | None
   recognises_path: str | None
   verbs: dict[str, str | None]
+  recipe_schema: str = "tunix_blockdiff.runs.sections:SFT"
 
   def __post_init__(self):
     unknown = set(self.verbs) - set(VERBS)
@@ -77,6 +80,10 @@ class ModelKind:
           f"{verb.replace('_', '-')} does not take a {self.description}"
           f" ({self.name}); it takes: {', '.join(takers)}")
     return _resolve(ref)
+
+  def sft_schema(self):
+    """The `runs.schema.Section` of this kind's sft recipes."""
+    return _resolve(self.recipe_schema)
 
   def call(self, verb: str, *args, **kwargs):
     """Runs this kind's `verb`."""
@@ -172,4 +179,5 @@ register(ModelKind(
         "distill_data": None,
         "export": None,
     },
+    recipe_schema=f"{_DG}.recipe_schema:SFT",
 ))

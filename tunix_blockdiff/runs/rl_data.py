@@ -129,6 +129,60 @@ def check_dataset_section(dataset_cfg) -> dict[str, Any]:
   return section
 
 
+def prompt_row(raw: Any, fields: dict[str, str]) -> Row:
+  """A prompt file's row as `{"prompt", ["answer"], <other columns>}`."""
+  prompt_key, answer_key = fields["prompt"], fields["answer"]
+  if not isinstance(raw, dict):
+    raw = {"": raw}  # Reported as a missing prompt.
+  row = {k: v for k, v in raw.items() if k not in (prompt_key, answer_key)}
+  row.pop("", None)
+  row["prompt"] = raw.get(prompt_key)
+  if answer_key in raw:
+    row["answer"] = raw[answer_key]
+  return row
+
+
+def check_prompt_row(row: Row, fields: dict[str, str],
+                     need_answer: bool) -> None:
+  """Raises `UsageError` for a row without a prompt (or a needed answer)."""
+  if not isinstance(row["prompt"], str) or not row["prompt"]:
+    raise errors.UsageError(
+        f"field {fields['prompt']!r} must be a non-empty string, got"
+        f" {row['prompt']!r} (columns: {sorted(k for k in row if k != 'prompt')})"
+    )
+  if need_answer and "answer" not in row:
+    raise errors.UsageError(
+        f"field {fields['answer']!r} is missing (the default exact-match"
+        " reward needs it; or set reward)"
+    )
+
+
+def check_prompt_files(section: dict[str, Any], need_answer: bool) -> None:
+  """The prompt files of a checked `dataset` section open and hold a good row.
+
+  For the check before any compute (`runs.job_schemas`).
+
+  Raises:
+    UsageError: naming the key, the files and the first bad row.
+  """
+  fields = section["fields"]
+
+  def check(location, raw):
+    try:
+      check_prompt_row(prompt_row(raw, fields), fields, need_answer)
+    except errors.UsageError as e:
+      raise errors.UsageError(f"{location}: bad prompt row: {e}") from None
+
+  for split in ("train", "eval"):
+    if section.get(split):
+      try:
+        sources_lib.check_rows(section[split], check,
+                               format=str(section.get("format", "auto")),
+                               bad_rows=section["bad_rows"])
+      except errors.UsageError as e:
+        raise errors.UsageError(f"dataset.{split}: {e}") from None
+
+
 def read_prompt_rows(
     paths_or_glob: str,
     *,
@@ -148,28 +202,12 @@ def read_prompt_rows(
   skipped, counted and the first few printed (`"skip"`).
   """
   rows, skipped, columns = [], 0, None
-  prompt_key, answer_key = fields["prompt"], fields["answer"]
   rows_in = sources_lib.read_rows(paths_or_glob, format=file_format)
   for location, raw in rows_in:
-    if not isinstance(raw, dict):
-      raw = {"": raw}  # Reported as a missing prompt below.
-    row = {k: v for k, v in raw.items() if k not in (prompt_key, answer_key)}
-    row.pop("", None)
-    row["prompt"] = raw.get(prompt_key)
-    if answer_key in raw:
-      row["answer"] = raw[answer_key]
+    row = prompt_row(raw, fields)
     try:
-      if not isinstance(row["prompt"], str) or not row["prompt"]:
-        raise errors.UsageError(
-            f"field {prompt_key!r} must be a non-empty string, got"
-            f" {row['prompt']!r}"
-        )
+      check_prompt_row(row, fields, need_answer)
       validate_prompt(row["prompt"])
-      if need_answer and "answer" not in row:
-        raise errors.UsageError(
-            f"field {answer_key!r} is missing (the default exact-match reward"
-            " needs it)"
-        )
       keys = tuple(sorted(k for k in row if k != "prompt"))
       if columns is not None and keys != columns:
         raise errors.UsageError(

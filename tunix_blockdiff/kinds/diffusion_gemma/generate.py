@@ -25,7 +25,9 @@ from tunix.sft import checkpoint_manager as checkpoint_lib
 from tunix_blockdiff import errors
 from tunix_blockdiff import trajectory
 from tunix_blockdiff.runs import common
+from tunix_blockdiff.kinds.diffusion_gemma import recipe_schema
 from tunix_blockdiff.kinds.diffusion_gemma import sft as dg_job
+from tunix_blockdiff.runs import schema
 from tunix_blockdiff.runs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
@@ -54,17 +56,21 @@ def load_run(run_dir: pathlib.Path, cfg):
   return model, defaults, step
 
 
+# The options' rules (`runs.schema`); the sampler keys as in a recipe.
+OPTIONS = schema.section({
+    "prompts": schema.sequence(schema.text(), low=1, null=True),
+    "chat": schema.boolean(),
+    "max_new_tokens": schema.integer(1, null=True),
+    "seed": schema.integer(0),
+    "png": schema.text(null=True),
+    "color": schema.boolean(),
+    **recipe_schema.SAMPLER.keys,
+}, *recipe_schema.SAMPLER.rules)
+
+
 def _options(overrides: Sequence[str]):
-  options = omegaconf.OmegaConf.create(DEFAULTS)
-  omegaconf.OmegaConf.set_struct(options, True)
-  try:
-    return omegaconf.OmegaConf.merge(
-        options, omegaconf.OmegaConf.from_dotlist(list(overrides)))
-  except omegaconf.errors.ConfigKeyError as e:
-    key = str(getattr(e, "full_key", "") or e)
-    raise errors.UsageError(
-        f"unknown generate option {key!r}" + errors.nearest(key, DEFAULTS)
-        + f"; known: {sorted(DEFAULTS)}") from None
+  return schema.parse_options(overrides, DEFAULTS, OPTIONS,
+                              "generate option")
 
 
 def generate(path: pathlib.Path, options) -> dict[str, Any]:

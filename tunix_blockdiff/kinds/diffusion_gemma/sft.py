@@ -36,14 +36,12 @@ from tunix_blockdiff.runs import sft_data as sft_data_lib
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.kinds.diffusion_gemma import objective as dg_objective
+from tunix_blockdiff.kinds.diffusion_gemma import recipe_schema
 from tunix_blockdiff.kinds.diffusion_gemma import trainer as dg_trainer
 from tunix_blockdiff.kinds.diffusion_gemma import sampler as dg_rollout
 
-_TINY_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_heads",
-              "num_kv_heads", "head_dim", "global_num_kv_heads",
-              "global_head_dim", "sliding_window", "canvas_length")
-_SAMPLER_KEYS = ("max_denoising_steps", "entropy_bound", "t_min", "t_max",
-                 "stability_threshold", "confidence_threshold")
+_TINY_KEYS = recipe_schema.TINY_SIZES
+_SAMPLER_KEYS = recipe_schema.SAMPLER_KEYS
 FIGURE_FILE = "sft.png"
 
 
