@@ -1,11 +1,12 @@
 """Kill-and-resume helpers of the rl and opd job tests.
 
-A job is launched in a subprocess with a test-only patch of its checkpoint
-manager (`BLOCKER`, imported before the CLI): once the checkpoint of step
-`BD_BLOCK_STEP` is committed, every process writes `BLOCKED<pid>` beside
-the checkpoints and sleeps. The test SIGKILLs the processes there and runs
-the same command again on the same output_dir; the resumed run must end
-as an uninterrupted one.
+A job is launched in a subprocess with a test-only patch (`BLOCKER`,
+imported before the CLI) that stops it at a chosen point (`BD_BLOCK_AT`):
+after a checkpoint is committed, or in the middle of a write (an Orbax
+checkpoint written but not committed, a job state or summary file half
+written). There every process writes `BLOCKED<pid>` into `BD_BLOCK_MARKS`
+and sleeps; the test SIGKILLs it and runs the same command again on the
+same output_dir; the resumed run must end as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -25,17 +26,69 @@ import pytest
 
 BLOCKER = """
 import os, pathlib, time
-from tunix_blockdiff.runs import rl_checkpoints
+from orbax.checkpoint._src.path import atomicity
+from tunix_blockdiff.runs import common, rl_checkpoints
 
+POINT, _, STEP = os.environ["BD_BLOCK_AT"].partition(":")
+MARKS = pathlib.Path(os.environ["BD_BLOCK_MARKS"])
+
+
+def block():
+  MARKS.mkdir(parents=True, exist_ok=True)
+  (MARKS / f"BLOCKED{os.getpid()}").write_text("")
+  time.sleep(3600)
+
+
+_finalize = atomicity.AtomicRenameTemporaryPath.finalize
+
+
+async def finalize(self, *args, **kwargs):
+  # Every file of the checkpoint is written to its temporary directory;
+  # Orbax has not renamed it to the step's directory yet: a kill now is a
+  # kill during the write.
+  final = pathlib.Path(str(self._final_path))
+  where = {"actor": "actor", "teacher": "teacher",
+           "policy": "policy"}.get(POINT)
+  parent = final.parent.name if POINT != "policy" else final.parent.parent.name
+  if where == parent and (not STEP or final.name == STEP):
+    block()
+  return await _finalize(self, *args, **kwargs)
+
+
+atomicity.AtomicRenameTemporaryPath.finalize = finalize
+_write_json = rl_checkpoints._write_json
+
+
+def write_json(path, value):
+  if POINT == "state" and path.name == f"{STEP}.json":
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".tmp").write_text('{"step": ')  # half written
+    block()
+  return _write_json(path, value)
+
+
+rl_checkpoints._write_json = write_json
+_write_summary = common.write_summary
+
+
+def write_summary(out, summary):
+  if POINT == "summary":
+    (pathlib.Path(out) / "summary.tmp").write_text('{"rewards": ')
+    block()
+  return _write_summary(out, summary)
+
+
+common.write_summary = write_summary
 _save = rl_checkpoints.StatefulCheckpointManager.save
+
 
 def save(self, step, *args, **kwargs):
   saved = _save(self, step, *args, **kwargs)
-  if int(step) == int(os.environ["BD_BLOCK_STEP"]):
+  if POINT == "committed" and int(step) == int(STEP):
     self._inner._checkpoint_manager.wait_until_finished()
-    (self._dir.parent / f"BLOCKED{os.getpid()}").write_text("")
-    time.sleep(3600)
+    block()
   return saved
+
 
 rl_checkpoints.StatefulCheckpointManager.save = save
 """
@@ -51,22 +104,33 @@ def python_path_first(*directories) -> str:
       [*map(str, directories), *filter(None, [os.environ.get("PYTHONPATH")])])
 
 
-def kill_after_checkpoint(
+def kill_at(
+    point: str,
     argv: Sequence[str],
     out: pathlib.Path,
-    step: int,
     tmp_path: pathlib.Path,
     python_path: Sequence[str] = (),
     timeout_s: float = 600,
 ) -> None:
-  """Runs `tunix-blockdiff ARGV output_dir=OUT`, SIGKILLs it after `step`."""
+  """Runs `tunix-blockdiff ARGV output_dir=OUT`, SIGKILLs it at `point`.
+
+  `point` is where `BLOCKER` stops the run: `committed:S` (after the
+  checkpoint of step S is committed), `actor:S`, `teacher:S` (Orbax has
+  written that checkpoint but not committed it), `state:S` (the job state
+  file of step S is half written), `policy` (the final policy, written but
+  not committed) or `summary` (half written).
+  """
   blocker_dir = tmp_path / "blocker"
   blocker_dir.mkdir(exist_ok=True)
   (blocker_dir / "bd_blocker.py").write_text(BLOCKER)
+  marks = tmp_path / "marks"
+  for mark in marks.glob("BLOCKED*"):
+    mark.unlink()
   env = dict(
       os.environ,
       PYTHONPATH=python_path_first(blocker_dir, *python_path),
-      BD_BLOCK_STEP=str(step),
+      BD_BLOCK_AT=point,
+      BD_BLOCK_MARKS=str(marks),
       JAX_PLATFORMS="cpu",
   )
   process = subprocess.Popen(
@@ -76,24 +140,29 @@ def kill_after_checkpoint(
       stderr=subprocess.PIPE,
   )
   deadline = time.time() + timeout_s
-  while not list((out / "checkpoints").glob("BLOCKED*")):
+  while not list(marks.glob("BLOCKED*")):
     if process.poll() is not None:
-      pytest.fail(f"{argv[0]} exited early:"
+      pytest.fail(f"{argv[0]} exited before {point}:"
                   f" {process.stderr.read().decode()[-3000:]}")
     if time.time() > deadline:
       process.kill()
-      pytest.fail(f"{argv[0]} did not reach the step-{step} checkpoint"
-                  f" in {timeout_s:.0f} s")
+      pytest.fail(f"{argv[0]} did not reach {point} in {timeout_s:.0f} s")
     time.sleep(0.2)
   process.send_signal(signal.SIGKILL)
   process.wait()
   process.stderr.close()
 
 
-def clear_blocked(out: pathlib.Path) -> None:
-  """Removes the `BLOCKED*` marks of a kill, before killing the run again."""
-  for mark in (out / "checkpoints").glob("BLOCKED*"):
-    mark.unlink()
+def kill_after_checkpoint(
+    argv: Sequence[str],
+    out: pathlib.Path,
+    step: int,
+    tmp_path: pathlib.Path,
+    python_path: Sequence[str] = (),
+    timeout_s: float = 600,
+) -> None:
+  """Runs `tunix-blockdiff ARGV output_dir=OUT`, SIGKILLs it after `step`."""
+  kill_at(f"committed:{step}", argv, out, tmp_path, python_path, timeout_s)
 
 
 def files(out: pathlib.Path) -> dict[str, tuple[int, int]]:

@@ -23,6 +23,7 @@ from tunix_blockdiff import cli
 from tunix_blockdiff import config as config_lib
 from tunix_blockdiff import data as data_lib
 from tunix_blockdiff import distributed
+from tunix_blockdiff import errors
 from tunix_blockdiff import tasks
 from tunix_blockdiff.jobs import launch
 
@@ -364,13 +365,15 @@ def test_a_dying_sft_process_fails_the_launch_and_stops_its_peer(
 
 
 def test_launch_usage_errors():
-  with pytest.raises(SystemExit):
+  with pytest.raises(errors.UsageError, match="after -- name one of"):
     launch.parse_args(["--processes", "2", "--", "nope"])
-  with pytest.raises(SystemExit):
+  with pytest.raises(errors.UsageError, match="--processes must be >= 1"):
     launch.parse_args(["--processes", "0", "--", "sft"])
-  with pytest.raises(SystemExit):
+  with pytest.raises(errors.UsageError, match="sets the distributed"):
     launch.parse_args(
         ["--processes", "2", "--", "sft", "distributed.process_id=1"]
     )
+  with pytest.raises(errors.UsageError, match="invalid int value: 'abc'"):
+    launch.parse_args(["--processes", "abc", "--", "sft"])
   args = launch.parse_args(["--processes", "2", "--", "sft", "a=1"])
   assert args.command == ["sft", "a=1"] and args.devices_per_process is None

@@ -30,7 +30,7 @@ from tunix_blockdiff.runs import common
 from tunix_blockdiff.jobs import export
 from tunix_blockdiff.jobs import generate
 from tunix_blockdiff.jobs import launch
-from tunix_blockdiff.runs import rl_data
+from tunix_blockdiff.runs import prompt_files
 from tunix_blockdiff.runs import sft_data
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -56,11 +56,11 @@ RECIPES = _recipes()
 SECTIONS = {key for cfg in RECIPES.values() for key in cfg}
 # Sections the recipes leave null, and what they may hold.
 NULL_SECTIONS = {
-    "dataset": set(rl_data.DATASET_KEYS) | set(sft_data.DATASET_DEFAULTS),
+    "dataset": set(prompt_files.DATASET_KEYS) | set(sft_data.DATASET_DEFAULTS),
     "distributed": set(distributed.DISTRIBUTED_KEYS),
     "mesh": set(distributed.MESH_AXES),
 }
-FIELDS = set(rl_data.FIELD_KEYS) | set(sft_data.DATASET_DEFAULTS["fields"])
+FIELDS = set(prompt_files.FIELD_KEYS) | set(sft_data.DATASET_DEFAULTS["fields"])
 
 
 def _split_fenced(text: str) -> tuple[list[tuple[str, str]], str]:
@@ -141,7 +141,7 @@ def _check_recipe_sections(job: str, cfg) -> None:
     if job == "sft":
       sft_data.dataset_settings(cfg.dataset)
     else:
-      rl_data.check_dataset_section(cfg.dataset)
+      prompt_files.check_dataset_section(cfg.dataset)
   if cfg.get("distributed") is not None:
     unknown = set(common.to_dict(cfg.distributed)) - NULL_SECTIONS["distributed"]
     assert not unknown, f"unknown distributed keys {sorted(unknown)}"
@@ -325,7 +325,7 @@ def test_the_checks_catch_drift():
   ):
     with pytest.raises((AssertionError, ValueError)):
       check_invocation(args)
-  with pytest.raises(SystemExit):
+  with pytest.raises(ValueError, match="--processes"):
     check_invocation(["launch", "--procs", "2", "--", "sft"])
   assert recipe_key_exists("dataset.fields.prompt")
   assert recipe_key_exists("task.kwargs.max_digits")

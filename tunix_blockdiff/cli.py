@@ -51,6 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 2
+  except OSError as e:
+    # The system refused a file operation (a full disk, a read-only mount):
+    # where it happened, and what.
+    traceback.print_exc()
+    print(
+        f"tunix-blockdiff {command}: system error: {type(e).__name__}:"
+        f" {errors.one_line(e)}",
+        file=sys.stderr,
+    )
+    return 1
   except Exception:  # pylint: disable=broad-exception-caught
     # Anything else is the package's fault: its traceback, and a line
     # saying so.

@@ -276,7 +276,8 @@ def test_an_hf_tokenizer_travels_with_the_export(tmp_path):
   assert from_hf["completions"] == from_run["completions"]
 
 
-def test_a_failed_write_leaves_nothing(tmp_path, untrained_policy, monkeypatch):
+def test_a_failed_write_leaves_nothing(tmp_path, untrained_policy, monkeypatch,
+                                       capsys):
   real_write = hf_export.write_safetensors
 
   def write_then_fail(tensors, out, **kwargs):
@@ -284,8 +285,10 @@ def test_a_failed_write_leaves_nothing(tmp_path, untrained_policy, monkeypatch):
     raise OSError("disk full")
 
   monkeypatch.setattr(hf_export, "write_safetensors", write_then_fail)
-  with pytest.raises(OSError, match="disk full"):
-    cli.main(["export", str(untrained_policy), str(tmp_path / "a" / "b" / "hf")])
+  assert cli.main(
+      ["export", str(untrained_policy), str(tmp_path / "a" / "b" / "hf")]) == 1
+  assert "tunix-blockdiff export: system error: OSError: disk full" in (
+      capsys.readouterr().err)
   assert not list(tmp_path.iterdir())
 
 

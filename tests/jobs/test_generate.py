@@ -124,7 +124,7 @@ def test_generate_errors(run_dir, tmp_path, capsys):
       (["generate"], "usage"),
       (["generate", str(tmp_path)], "recipe.yaml not found"),
       (["generate", str(out), "thresold=0.5"], "did you mean 'threshold'"),
-      (["generate", str(out), "cache_phases=0"], "cache_phases must be >= 1"),
+      (["generate", str(out), "cache_phases=0"], "cache_phases=0 is not valid: cache_phases must be an int >= 1"),
       (["generate", str(out), "lockstep=2"],
        "lockstep must be true or false"),
       (["generate", str(out), "ragged_cache=3"],

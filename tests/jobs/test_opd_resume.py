@@ -1,11 +1,11 @@
-"""opd checkpoints: SIGKILL after a checkpoint, relaunch, same end as one run.
+"""opd checkpoints: SIGKILL during a write, relaunch, same end as one run.
 
-The killed run is a `tunix-blockdiff opd` process in which the checkpoint
-manager, once step 2 is committed, blocks forever (`kill_resume.BLOCKER`,
-a test-only patch loaded before the CLI); it is killed there and the same command is run again on
-the same output_dir, killed again right after its last checkpoint, and
-relaunched once more. The resumed run must restore the in-job AR teacher
-(not train it again), the student, its optimizer, the rollout RNG and the
+The killed run is a `tunix-blockdiff opd` process stopped by a test-only
+patch (`kill_resume.BLOCKER`, loaded before the CLI) while Orbax writes the
+in-job AR teacher's last checkpoint, then, relaunched, while it writes the
+student's step-4 checkpoint; it is SIGKILLed at each and the same command is
+run again on the same output_dir. The resumed run must restore the teacher
+(and its loss history), the student, its optimizer, the rollout RNG and the
 divergence history, and end with an uninterrupted run's summary and
 student.
 """
@@ -50,18 +50,21 @@ def test_killed_opd_resumes_to_the_uninterrupted_result(
   run = [*RUN, f"student.checkpoint={untrained_policy}"]
   assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
   killed = tmp_path / "killed"
-  kill_resume.kill_after_checkpoint(run, killed, 2, tmp_path)
-  assert rl_checkpoints.latest_step(killed) == 2
-  assert (killed / "checkpoints" / "teacher").is_dir()
-  assert not (killed / "summary.json").exists()
-  # Relaunched, and killed again right after its last checkpoint (step 4).
-  kill_resume.clear_blocked(killed)
-  kill_resume.kill_after_checkpoint(run, killed, 4, tmp_path)
-  assert rl_checkpoints.latest_step(killed) == 4
+  checkpoints = killed / "checkpoints"
+  # Killed while Orbax wrote the in-job teacher's last checkpoint (step 3):
+  # the relaunch restores its step-1 checkpoint and trains it to the end,
+  # with the loss history of an uninterrupted teacher.
+  kill_resume.kill_at("teacher:3", run, killed, tmp_path)
+  assert rl_checkpoints.committed_steps(checkpoints / "teacher") == [1]
+  assert rl_checkpoints.partial_writes(checkpoints / "teacher")
+  # Relaunched, killed while the student's step-4 checkpoint was written.
+  kill_resume.kill_at("actor:4", run, killed, tmp_path)
+  assert rl_checkpoints.committed_steps(checkpoints / "actor")[-1] == 2
+  assert rl_checkpoints.partial_writes(checkpoints / "actor")
   assert not (killed / "summary.json").exists()
   capsys.readouterr()
   assert cli.main([*run, f"output_dir={killed}"]) == 0
-  assert "resuming from the checkpoint of step 4" in capsys.readouterr().err
+  assert "resuming from the checkpoint of step 2" in capsys.readouterr().err
 
   one = kill_resume.summary(tmp_path / "one")
   two = kill_resume.summary(killed)

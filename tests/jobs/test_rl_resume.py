@@ -1,17 +1,21 @@
-"""rl checkpoints: SIGKILL after a checkpoint, relaunch, same end as one run.
+"""rl checkpoints: SIGKILL during each kind of write, relaunch, same end.
 
-Killed after step 2, relaunched and killed again right after its last
-checkpoint (step 4), relaunched: the end of one uninterrupted run. A
-relaunch of the finished run is a no-op, and one whose summary is missing
-rewrites the same policy step.
+One run is SIGKILLed four times, each time in the middle of a write: the
+job state of step 2 (half written), the policy and optimizer checkpoint of
+step 4 (written by Orbax, not committed), the final policy, the summary.
+Each relaunch resumes from the newest checkpoint whose job state is
+complete, and the last one ends as an uninterrupted run. A relaunch of the
+finished run is a no-op, and one whose summary is missing rewrites the
+same policy step.
 
-The killed run is a `tunix-blockdiff rl` process whose checkpoint manager
-blocks once the checkpoint of step 2 is committed (`kill_resume.BLOCKER`);
-it is killed there and the same command is run again on the same
-output_dir. Its final policy and summary must equal an uninterrupted run's.
+The killed run is a `tunix-blockdiff rl` process stopped at each point by
+a test-only patch (`kill_resume.BLOCKER`). Its final policy and summary
+must equal an uninterrupted run's.
 A resume that redid a step, restarted the prompts or redrew the rollout
 noise would give other training rewards and other parameters.
 """
+
+import functools
 
 import kill_resume
 import pytest
@@ -81,22 +85,35 @@ def test_killed_rl_resumes_exactly_and_its_policy_feeds_opd_and_generate(
   run = [*RUN, f"init.checkpoint={untrained_policy}"]
   assert cli.main([*run, f"output_dir={tmp_path / 'one'}"]) == 0
   killed = tmp_path / "killed"
-  kill_resume.kill_after_checkpoint(run, killed, 2, tmp_path,
-                                    python_path=[reward_module])
-  assert rl_checkpoints.latest_step(killed) == 2
-  assert not (killed / "summary.json").exists()
-  # Relaunched, and killed again right after its last checkpoint (step 4),
-  # before it wrote its policy and summary.
-  kill_resume.clear_blocked(killed)
-  kill_resume.kill_after_checkpoint(run, killed, 4, tmp_path,
-                                    python_path=[reward_module])
-  assert rl_checkpoints.latest_step(killed) == 4
+  checkpoints = killed / "checkpoints"
+  kill = functools.partial(kill_resume.kill_at, argv=run, out=killed,
+                           tmp_path=tmp_path, python_path=[reward_module])
+  # Killed while the job state of step 2 was half written: Orbax's first
+  # checkpoint (step 1) has its state too, and the run resumes from it.
+  kill("state:2")
+  assert rl_checkpoints.committed_steps(checkpoints / "actor") == [1]
+  assert (checkpoints / "job_state" / "1.json").is_file()
+  assert (checkpoints / "job_state" / "2.tmp").is_file()
+  # Relaunched, killed while Orbax wrote the checkpoint of step 4 (written,
+  # not committed): its job state is there, the checkpoint is not.
+  kill("actor:4")
+  assert rl_checkpoints.committed_steps(checkpoints / "actor") == [1, 2]
+  assert rl_checkpoints.partial_writes(checkpoints / "actor")
+  assert (checkpoints / "job_state" / "4.json").is_file()
+  # Relaunched (from step 2), killed while writing the final policy, then
+  # (from step 4) while writing the summary.
+  kill("policy")
+  assert rl_checkpoints.committed_steps(checkpoints / "actor") == [1, 2, 4]
+  assert rl_checkpoints.partial_writes(killed / "policy" / "checkpoints")
+  kill("summary")
+  assert (killed / "summary.tmp").is_file()
   assert not (killed / "summary.json").exists()
   capsys.readouterr()
   assert cli.main([*run, f"output_dir={killed}"]) == 0
   log = capsys.readouterr().err  # Progress lines, as sft prints them.
   assert "resuming from the checkpoint of step 4" in log
   assert "step 3/4" not in log and "step 4/4" not in log
+  assert not rl_checkpoints.partial_writes(killed / "policy" / "checkpoints")
 
   one = kill_resume.summary(tmp_path / "one")
   two = kill_resume.summary(killed)

@@ -10,6 +10,7 @@ import omegaconf
 import pytest
 
 from tunix_blockdiff import tasks
+from tunix_blockdiff.runs import prompt_files
 from tunix_blockdiff.runs import rl_data
 
 
@@ -92,7 +93,7 @@ def test_dataset_eval_file_and_bad_rows_error(tmp_path):
 )
 def test_dataset_section_errors(section, match):
   with pytest.raises(ValueError, match=match):
-    rl_data.check_dataset_section(omegaconf.OmegaConf.create(section))
+    prompt_files.check_dataset_section(omegaconf.OmegaConf.create(section))
 
 
 def test_missing_files_and_too_few_rows_are_errors(tmp_path):

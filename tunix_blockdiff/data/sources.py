@@ -282,8 +282,13 @@ def _open_one(path: str, format: str):  # pylint: disable=redefined-builtin
   except errors.UsageError:
     raise
   except OSError as e:  # Permissions, a directory given as a file, ...
+    if e.strerror:
+      raise errors.UsageError(f"{path}: cannot be read ({e.strerror})"
+                              ) from None
+    first = (str(e).strip().splitlines() or [""])[0]
     raise errors.UsageError(
-        f"{path}: cannot be read ({e.strerror or type(e).__name__})"
+        f"{path}: not a readable {format} source ({type(e).__name__}:"
+        f" {first})"
     ) from None
   except Exception as e:  # pylint: disable=broad-exception-caught
     # A save_to_disk directory that `datasets` cannot load, and the like.

@@ -8,6 +8,9 @@ from the same batches.
 
 from __future__ import annotations
 
+import json
+import pathlib
+
 import jax
 import numpy as np
 import optax
@@ -18,6 +21,7 @@ from tunix.sft import peft_trainer
 from tunix_blockdiff import distributed
 from tunix_blockdiff.models import tiny as tiny_models
 from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.runs import rl_data
 
 
@@ -120,6 +124,7 @@ def train_ar_teacher(
           ),
       ),
   )
+  prior = _track_losses(trainer, checkpoint_dir)
   batch_size = int(teacher_cfg.batch_size)
   batches = causal_lm_batches(
       pairs, tokenizer, seq_len=seq_len, batch_size=batch_size, seed=seed
@@ -134,15 +139,37 @@ def train_ar_teacher(
     )
   with common.mesh_scope(mesh):
     trainer.train(batches)
+  return trainer.model, np.asarray(prior + _losses(trainer), np.float64)
+
+
+def _losses(trainer) -> list[float]:
+  """The training losses the trainer logged in this process."""
   logger = trainer.metrics_logger
-  losses = (
-      np.asarray(
-          logger.get_metric_history(trainer.metrics_prefix, "loss", "train")
-      )
-      if logger.metric_exists(trainer.metrics_prefix, "loss", "train")
-      else np.zeros((0,))
-  )
-  return trainer.model, losses
+  if not logger.metric_exists(trainer.metrics_prefix, "loss", "train"):
+    return []
+  return np.asarray(logger.get_metric_history(
+      trainer.metrics_prefix, "loss", "train"), np.float64).tolist()
+
+
+def _track_losses(trainer, checkpoint_dir: str | None) -> list[float]:
+  """Saves the loss history with each teacher checkpoint; returns the
+  history up to the restored step (empty for a fresh start).
+
+  Beside `checkpoint_dir` (in `<checkpoint_dir>_losses/<step>.json`), so a
+  teacher restored from any of its checkpoints reports every step's loss,
+  as one that trained without a stop.
+  """
+  if checkpoint_dir is None:
+    return []
+  state_dir = pathlib.Path(f"{checkpoint_dir}_losses")
+  prior = []
+  state = state_dir / f"{int(trainer.train_steps)}.json"
+  if trainer.train_steps and state.is_file():
+    prior = list(json.loads(state.read_text())["losses"])
+  trainer.checkpoint_manager = rl_checkpoints.StatefulCheckpointManager(
+      trainer.checkpoint_manager, state_dir,
+      lambda: {"losses": prior + _losses(trainer)})
+  return prior
 
 
 def teacher_exact_match(

@@ -26,6 +26,7 @@ from tunix_blockdiff.rl import grpo as grpo_lib
 from tunix_blockdiff.rl import likelihood as likelihood_lib
 from tunix_blockdiff.runs import common
 from tunix_blockdiff.runs import kinds
+from tunix_blockdiff.runs import prompt_files
 from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.runs import schema as s
 from tunix_blockdiff.runs import sections
@@ -191,16 +192,14 @@ RL_EVAL = s.section({
 
 def _rl_dataset(value, key):
   """The section's own checks (`rl_data`); its files hold a prompt row."""
-  from tunix_blockdiff.runs import rl_data  # pylint: disable=g-import-not-at-top
-
   del key
   dataset = value.get("dataset")
   if dataset is None:
     return
-  checked = rl_data.check_dataset_section(
+  checked = prompt_files.check_dataset_section(
       omegaconf.OmegaConf.create(dict(dataset)))
-  rl_data.check_prompt_files(checked,
-                             need_answer=value.get("reward") is None)
+  prompt_files.check_prompt_files(checked,
+                                  need_answer=value.get("reward") is None)
 
 
 RL_DATASET = s.Section(sections.DATASET.keys, sections.DATASET.rules,

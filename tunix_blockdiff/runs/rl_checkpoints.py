@@ -26,8 +26,11 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
+import sys
 from typing import Any
 
+import jax
 import omegaconf
 import orbax.checkpoint as ocp
 from tunix.sft import checkpoint_manager as checkpoint_lib
@@ -144,53 +147,129 @@ def start_evaluation(out: pathlib.Path, resume, every: int | None, rollout,
   return start
 
 
-def load_resume(out: pathlib.Path) -> tuple[dict, dict] | None:
-  """(start, state at the latest checkpoint) of a run to resume, or None.
+def _remove(path: pathlib.Path) -> None:
+  if path.is_dir():
+    shutil.rmtree(path, ignore_errors=True)
+  else:
+    path.unlink(missing_ok=True)
 
-  Raises:
-    UsageError: a checkpoint without the job state that goes with it (the
-      run cannot be continued exactly).
+
+def _sync(name: str) -> None:
+  """Every process waits here (several processes), after process 0's work."""
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+
+    multihost_utils.sync_global_devices(name)
+
+
+def partial_writes(directory: pathlib.Path) -> list[pathlib.Path]:
+  """What a kill during a write leaves in `directory`: Orbax's uncommitted
+  `<step>.orbax-checkpoint-tmp*` directories and our `*.tmp` files."""
+  if not directory.is_dir():
+    return []
+  return sorted(p for p in directory.iterdir()
+                if ".orbax-checkpoint-tmp" in p.name or p.suffix == ".tmp")
+
+
+def committed_steps(directory: pathlib.Path) -> list[int]:
+  """The committed Orbax checkpoint steps in `directory`, ascending."""
+  if not directory.is_dir():
+    return []
+  manager = ocp.CheckpointManager(str(directory))
+  try:
+    return sorted(int(s) for s in manager.all_steps())
+  finally:
+    manager.close()
+
+
+def reconcile(out: pathlib.Path) -> int | None:
+  """Makes a killed run's checkpoints resumable; returns the step to resume.
+
+  The newest actor checkpoint whose job state (`job_state/<step>.json` and
+  `start.json`) is complete is kept. Uncommitted writes (a kill during the
+  write of a checkpoint or a job state file) and actor checkpoints newer
+  than it, which no job state pairs with, are removed, each said in one
+  line: Tunix's learner then resumes from that step, and the job from its
+  state. With no such pair every actor checkpoint goes and the run starts
+  over. Process 0 removes; every process then reads the same directory.
+
+  Returns:
+    The step the run resumes from, or None (a fresh start).
   """
-  step = latest_step(out)
+  root = out / CHECKPOINT_SUBDIR / "actor"
+  state_dir = _state_dir(out)
+  checkpoints = out / CHECKPOINT_SUBDIR
+  # The actor's, the job state's, an in-job teacher's and its losses'.
+  removed = [p for d in (sorted(checkpoints.iterdir())
+                         if checkpoints.is_dir() else ())
+             if d.is_dir() for p in partial_writes(d)]
+  steps = committed_steps(root)
+  paired = [s for s in steps if (state_dir / f"{s}.json").is_file()]
+  keep = max(paired) if paired and (state_dir / START_FILE).is_file() else None
+  removed += [root / str(s) for s in steps if keep is None or s > keep]
+  if removed and distributed.is_main_process():
+    for path in removed:
+      _remove(path)
+      print(f"{out}: removed {path.relative_to(out)}, a checkpoint write the"
+            " job state does not pair with (a kill during it); resuming from"
+            f" {f'step {keep}' if keep is not None else 'the start'}",
+            file=sys.stderr, flush=True)
+  _sync("tunix_blockdiff_reconcile")
+  return keep
+
+
+def load_resume(out: pathlib.Path) -> tuple[dict, dict] | None:
+  """(start, state at the step to resume) of a killed run, or None.
+
+  Reconciles the checkpoints first (`reconcile`): a relaunch always
+  resumes, from the newest complete pair of policy checkpoint and job
+  state, whatever moment the previous run was killed at.
+  """
+  step = reconcile(out)
   if step is None:
     return None
-  start = _state_dir(out) / START_FILE
-  state = _state_dir(out) / f"{step}.json"
-  for path in (start, state):
-    if not path.is_file():
-      raise errors.UsageError(
-          f"{out / CHECKPOINT_SUBDIR} has checkpoint step {step} but no"
-          f" {path.name}: it cannot be resumed exactly; remove"
-          f" {out / CHECKPOINT_SUBDIR} to start over"
-      )
-  return json.loads(start.read_text()), json.loads(state.read_text())
+  state_dir = _state_dir(out)
+  return (json.loads((state_dir / START_FILE).read_text()),
+          json.loads((state_dir / f"{step}.json").read_text()))
 
 
 class StatefulCheckpointManager:
-  """Tunix's actor `CheckpointManager`, writing the job state before saves.
+  """A Tunix `CheckpointManager` that writes a state file before each save.
 
   Replaces `trainer.checkpoint_manager` (everything else is delegated):
-  before Tunix saves optimizer step s (every n-th step, and the last), the
-  job's state at s is written, so the file of step s exists whenever the
-  checkpoint of step s does.
+  whenever Tunix saves step s (Orbax's decision: every n-th step, the first
+  one, the last one), `state_fn()` at s is first written to
+  `state_dir/<s>.json` (atomically), so the file of step s exists whenever
+  the checkpoint of step s does.
   """
 
-  def __init__(self, inner, out: pathlib.Path, every: int, state_fn):
+  def __init__(self, inner, state_dir: pathlib.Path, state_fn):
     self._inner = inner
-    self._dir = _state_dir(out)
-    self._every = every
+    self._dir = pathlib.Path(state_dir)
     self._state_fn = state_fn
 
   def __getattr__(self, name):
     return getattr(self._inner, name)
 
+  def _will_save(self, step: int) -> bool:
+    manager = getattr(self._inner, "_checkpoint_manager", None)
+    return manager is not None and bool(manager.should_save(step))
+
+  def _write(self, step: int) -> None:
+    _write_json(self._dir / f"{step}.json",
+                {"step": step, **self._state_fn()})
+
   def save(self, step: int, *args, force: bool = False, **kwargs) -> bool:
-    if force or int(step) % self._every == 0:
-      _write_json(
-          self._dir / f"{int(step)}.json",
-          {"step": int(step), **self._state_fn()},
-      )
-    return self._inner.save(step, *args, force=force, **kwargs)
+    written = force or self._will_save(int(step))
+    if written:
+      self._write(int(step))
+    saved = self._inner.save(step, *args, force=force, **kwargs)
+    if saved and not written:
+      # Orbax changed its mind between the two questions (an async save
+      # finished in between): the state follows; a kill before it leaves
+      # an unpaired checkpoint, which `reconcile` removes.
+      self._write(int(step))
+    return saved
 
 
 def track_state(trainer, out: pathlib.Path, every: int | None, state_fn):
@@ -204,7 +283,7 @@ def track_state(trainer, out: pathlib.Path, every: int | None, state_fn):
   """
   if every is not None:
     trainer.checkpoint_manager = StatefulCheckpointManager(
-        trainer.checkpoint_manager, out, every, state_fn
+        trainer.checkpoint_manager, _state_dir(out), state_fn
     )
 
 
@@ -216,6 +295,11 @@ def save_policy(out: pathlib.Path, model, policy_cfg, step: int) -> pathlib.Path
   """
   directory = out / POLICY_SUBDIR
   step = max(int(step), 1)
+  # A kill during an earlier write of the policy left it uncommitted.
+  if distributed.is_main_process():
+    for path in partial_writes(directory / CHECKPOINT_SUBDIR):
+      _remove(path)
+  _sync("tunix_blockdiff_save_policy")
   # A relaunch that resumed at the last step (killed after that checkpoint)
   # trains nothing and saves the same step again: rewrite it.
   existing = ocp.CheckpointManager(str(directory / CHECKPOINT_SUBDIR))
@@ -247,7 +331,10 @@ __all__ = [
     "add_costs",
     "checkpoint_every",
     "latest_step",
+    "committed_steps",
     "load_resume",
+    "partial_writes",
+    "reconcile",
     "policy_dir",
     "save_policy",
     "start_evaluation",

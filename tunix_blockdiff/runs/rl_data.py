@@ -24,22 +24,10 @@ from tunix_blockdiff import errors
 from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.data import sources as sources_lib
 from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import prompt_files
 
 Row = dict[str, Any]
 
-DATASET_KEYS = (
-    "train",
-    "eval",
-    "format",
-    "fields",
-    "bad_rows",
-    "seed",
-    "num_eval",
-)
-# The shared `dataset.fields` schema; RL and OPD read `prompt` and `answer`.
-FIELD_KEYS = ("prompt", "completion", "messages", "text", "answer")
-BAD_ROWS = ("skip", "error")
-MAX_REPORTED_BAD_ROWS = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,134 +87,6 @@ def task_prompts(sft_cfg, num_train: int, seed: int) -> PromptSet:
   )
 
 
-def check_dataset_section(dataset_cfg) -> dict[str, Any]:
-  """The `dataset` section as a dict with defaults, or a clear ValueError."""
-  section = dict(common.to_dict(dataset_cfg))
-  unknown = sorted(set(section) - set(DATASET_KEYS))
-  if unknown:
-    raise errors.UsageError(
-        f"unknown dataset keys {unknown}; allowed: {list(DATASET_KEYS)}"
-    )
-  if not section.get("train"):
-    raise errors.UsageError(
-        "dataset.train must name the prompt file(s) (path or glob)"
-    )
-  fields = dict(section.get("fields") or {})
-  unknown = sorted(set(fields) - set(FIELD_KEYS))
-  if unknown:
-    raise errors.UsageError(
-        f"unknown dataset.fields keys {unknown}; allowed: {list(FIELD_KEYS)}"
-    )
-  section["fields"] = {"prompt": "prompt", "answer": "answer", **fields}
-  section.setdefault("format", "auto")
-  section["bad_rows"] = section.get("bad_rows") or "skip"
-  if section["bad_rows"] not in BAD_ROWS:
-    raise errors.UsageError(
-        f"dataset.bad_rows must be one of {BAD_ROWS}, got"
-        f" {section['bad_rows']!r}"
-    )
-  section["seed"] = int(section.get("seed") or 0)
-  return section
-
-
-def prompt_row(raw: Any, fields: dict[str, str]) -> Row:
-  """A prompt file's row as `{"prompt", ["answer"], <other columns>}`."""
-  prompt_key, answer_key = fields["prompt"], fields["answer"]
-  if not isinstance(raw, dict):
-    raw = {"": raw}  # Reported as a missing prompt.
-  row = {k: v for k, v in raw.items() if k not in (prompt_key, answer_key)}
-  row.pop("", None)
-  row["prompt"] = raw.get(prompt_key)
-  if answer_key in raw:
-    row["answer"] = raw[answer_key]
-  return row
-
-
-def check_prompt_row(row: Row, fields: dict[str, str],
-                     need_answer: bool) -> None:
-  """Raises `UsageError` for a row without a prompt (or a needed answer)."""
-  if not isinstance(row["prompt"], str) or not row["prompt"]:
-    raise errors.UsageError(
-        f"field {fields['prompt']!r} must be a non-empty string, got"
-        f" {row['prompt']!r} (columns: {sorted(k for k in row if k != 'prompt')})"
-    )
-  if need_answer and "answer" not in row:
-    raise errors.UsageError(
-        f"field {fields['answer']!r} is missing (the default exact-match"
-        " reward needs it; or set reward)"
-    )
-
-
-def check_prompt_files(section: dict[str, Any], need_answer: bool) -> None:
-  """The prompt files of a checked `dataset` section open and hold a good row.
-
-  For the check before any compute (`runs.job_schemas`).
-
-  Raises:
-    UsageError: naming the key, the files and the first bad row.
-  """
-  fields = section["fields"]
-
-  def check(location, raw):
-    try:
-      check_prompt_row(prompt_row(raw, fields), fields, need_answer)
-    except errors.UsageError as e:
-      raise errors.UsageError(f"{location}: bad prompt row: {e}") from None
-
-  for split in ("train", "eval"):
-    if section.get(split):
-      try:
-        sources_lib.check_rows(section[split], check,
-                               format=str(section.get("format", "auto")),
-                               bad_rows=section["bad_rows"])
-      except errors.UsageError as e:
-        raise errors.UsageError(f"dataset.{split}: {e}") from None
-
-
-def read_prompt_rows(
-    paths_or_glob: str,
-    *,
-    file_format: str,
-    fields: dict[str, str],
-    need_answer: bool,
-    validate_prompt: Callable[[str], None],
-    bad_rows: str,
-) -> tuple[list[Row], int]:
-  """(rows, number skipped) read with `data.sources.read_rows`.
-
-  Each row becomes `{"prompt": row[fields.prompt], "answer":
-  row[fields.answer], <other keys>}`. A row is bad when its prompt is not a
-  non-empty string, `validate_prompt` rejects it (ValueError), its answer is
-  missing while `need_answer`, or its keys differ from the first good row's.
-  Bad rows raise (`bad_rows="error"`, with the row's `file:line`) or are
-  skipped, counted and the first few printed (`"skip"`).
-  """
-  rows, skipped, columns = [], 0, None
-  rows_in = sources_lib.read_rows(paths_or_glob, format=file_format)
-  for location, raw in rows_in:
-    row = prompt_row(raw, fields)
-    try:
-      check_prompt_row(row, fields, need_answer)
-      validate_prompt(row["prompt"])
-      keys = tuple(sorted(k for k in row if k != "prompt"))
-      if columns is not None and keys != columns:
-        raise errors.UsageError(
-            f"row has columns {list(keys)}, earlier rows {list(columns)}"
-        )
-    except ValueError as e:
-      if bad_rows == "error":
-        raise errors.UsageError(f"{location}: bad prompt row: {e}") from None
-      skipped += 1
-      if skipped <= MAX_REPORTED_BAD_ROWS:
-        print(f"skipping bad prompt row {location}: {e}", file=sys.stderr)
-      continue
-    columns = keys
-    rows.append(row)
-  if skipped:
-    print(f"skipped {skipped} bad prompt rows of {paths_or_glob}")
-  return rows, skipped
-
-
 def cycle_rows(rows: Sequence[Row], num: int, seed: int) -> list[Row]:
   """`num` rows: passes over `rows`, each in a fresh seeded order."""
   if not rows:
@@ -253,9 +113,9 @@ def dataset_prompts(
   then first `num_held_out`) or, without `dataset.eval`, `num_held_out`
   rows split off `dataset.train` in a seeded order.
   """
-  section = check_dataset_section(dataset_cfg)
+  section = prompt_files.check_dataset_section(dataset_cfg)
   read = functools.partial(
-      read_prompt_rows,
+      prompt_files.read_prompt_rows,
       file_format=str(section["format"]),
       fields=section["fields"],
       need_answer=need_answer,
@@ -427,14 +287,12 @@ def size_prompts(
 
 __all__ = [
     "PromptSet",
-    "check_dataset_section",
     "cycle_rows",
     "dataset_prompts",
     "prompt_batches",
     "prompt_length",
     "prompt_pairs",
     "prompt_validator",
-    "read_prompt_rows",
     "recipe_prompts",
     "size_prompts",
     "task_prompts",

@@ -16,6 +16,7 @@ from tunix_blockdiff import cli
 from tunix_blockdiff.attention import masks
 from tunix_blockdiff import tasks as tasks_lib
 from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import rl_checkpoints
 from tunix_blockdiff.kinds.diffusion_gemma import generate as dg_generate
 from tunix_blockdiff.kinds.diffusion_gemma import opd as diffusion_gemma_opd
 from tunix_blockdiff.models import logits as modeling
@@ -72,17 +73,23 @@ def test_opd_trains_a_diffusion_gemma_student_on_the_teachers_likelihood(
   assert cli.main(["generate", str(out), "color=false",
                    "prompts=[rev 123456]", "max_new_tokens=8"]) == 0
   assert "forward passes per token" in capsys.readouterr().out
-  # Relaunching the finished run changes nothing; killed right after its
-  # last checkpoint and policy save (no summary yet), the relaunch resumes
-  # at step 2 and rewrites the same policy and summary.
+  # Relaunching the finished run changes nothing. What a kill during the
+  # final policy's write leaves (Orbax's files written, not committed; no
+  # policy recipe, no summary): the relaunch resumes at step 2, removes
+  # it and rewrites the same policy and summary.
   run = [*OPD, f"student.checkpoint={student}", "opd.checkpoint_every_n_steps=2"]
   kill_resume.assert_relaunch_changes_nothing(run, out, capsys)
   (out / "summary.json").unlink()
+  (out / "policy" / "recipe.yaml").unlink()
+  policy_checkpoints = out / "policy" / "checkpoints"
+  (policy_checkpoints / "2").rename(
+      policy_checkpoints / "2.orbax-checkpoint-tmp-1")
   assert cli.main([*run, f"output_dir={out}"]) == 0
   assert "resuming from the checkpoint of step 2" in capsys.readouterr().err
   kill_resume.assert_same_summary(kill_resume.summary(out),
                                   {k: v for k, v in summary.items()
                                    if not k.endswith(("recipe", "seconds"))})
+  assert not rl_checkpoints.partial_writes(policy_checkpoints)
   _, rewritten = _params(out / "policy")
   for got, want in zip(rewritten, after, strict=True):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

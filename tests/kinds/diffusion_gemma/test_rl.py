@@ -1,7 +1,8 @@
 """`tunix-blockdiff rl` on a DiffusionGemma sft run: 2 GRPO steps end to end.
 
-Also killed after its step-1 checkpoint (`kill_resume`) and relaunched, and
-run on 2 processes (`tunix-blockdiff launch`), which must equal one.
+Also killed while its step-2 checkpoint is written (`kill_resume`) and
+relaunched, and run on 2 processes (`tunix-blockdiff launch`), which must
+equal one.
 """
 
 import json
@@ -100,11 +101,13 @@ def test_rl_takes_a_diffusion_gemma_sft_run_resumes_and_runs_on_2_processes(
   step_after, after = _params(out / "policy")
   assert step_before == 2 and step_after == 2
   assert any(not np.allclose(a, b) for a, b in zip(before, after))
-  # Killed after the step-1 checkpoint and relaunched: the uninterrupted
+  # Killed during the step-2 checkpoint and relaunched: the uninterrupted
   # run's summary (rewards, ratios, held-out reward) and policy.
   killed = tmp_path / "killed"
-  kill_resume.kill_after_checkpoint(run, killed, 1, tmp_path)
+  # Killed while Orbax wrote the step-2 checkpoint (not committed yet).
+  kill_resume.kill_at("actor:2", run, killed, tmp_path)
   assert rl_checkpoints.latest_step(killed) == 1
+  assert rl_checkpoints.partial_writes(killed / "checkpoints" / "actor")
   assert not (killed / "summary.json").exists()
   capsys.readouterr()
   assert cli.main([*run, f"output_dir={killed}"]) == 0
