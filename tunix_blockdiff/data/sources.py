@@ -314,21 +314,19 @@ def check_rows(
     *,
     format: str = "auto",  # pylint: disable=redefined-builtin
     bad_rows: str = "skip",
-    limit: int = 1000,
+    limit: int | None = 1000,
 ) -> None:
-  """Opens the files `paths` names and reads until a row passes `check`.
+  """Opens the files `paths` names and checks their rows with `check`.
 
-  For checks before any compute: the job reads every row later, but an
-  empty, unreadable or malformed source, or one of the wrong columns,
-  stops it here, naming its files.
+  For checks before any compute: an empty, unreadable or malformed source,
+  or one of the wrong columns, stops the job here, naming its files.
 
   Args:
     paths: A path, a glob, or a list of them.
     check: `(location, row) -> None`, raising `UsageError` for a bad row.
     format: One of `FORMATS`.
-    bad_rows: `error`: the first row must pass; `skip`: one of the first
-      `limit` must.
-    limit: Rows read at most under `skip`.
+    bad_rows: `error`: every row read must pass; `skip`: one must.
+    limit: Rows read at most (None: all of them).
 
   Raises:
     UsageError: naming the files (and the first bad row's `file:line`).
@@ -336,18 +334,22 @@ def check_rows(
   source = open_source(paths, format=format)
   if not len(source):
     raise errors.UsageError(f"{describe(source)}: no rows (empty)")
+  count = len(source) if limit is None else min(len(source), limit)
   first = None
-  for index in range(min(len(source), limit)):
+  for index in range(count):
     try:
       check(*source[index])
-      return
     except errors.UsageError as e:
       if bad_rows == "error":
         raise
       first = first or errors.one_line(e)
-  raise errors.UsageError(
-      f"{describe(source)}: none of the first {min(len(source), limit)} rows"
-      f" is usable; the first problem: {first}")
+      continue
+    if bad_rows != "error":
+      return
+  if bad_rows != "error":
+    raise errors.UsageError(
+        f"{describe(source)}: none of the first {count} rows is usable; the"
+        f" first problem: {first}")
 
 
 def open_source(

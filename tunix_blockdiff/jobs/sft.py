@@ -130,7 +130,6 @@ def run_block_diffusion(cfg) -> dict[str, Any]:
 
 def _run(cfg, mesh, attention, remat, head_chunk) -> dict[str, Any]:
   clock = common.Stopwatch()
-  out = common.prepare_output_dir(cfg)
   diffusion = common.diffusion_config_from(cfg.diffusion)
   common.check_released_settings(cfg.model, diffusion)
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
@@ -153,6 +152,8 @@ def _run(cfg, mesh, attention, remat, head_chunk) -> dict[str, Any]:
       vocab_size=vocab_size,
       mask_token_id=diffusion.mask_token_id,
   )
+  # After the data: a bad row stops the job with nothing written.
+  out = common.prepare_output_dir(cfg)
   base_model = model
   model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
   model = common.shard_model(model, mesh)

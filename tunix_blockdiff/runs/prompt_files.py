@@ -112,9 +112,10 @@ def check_prompt_files(section: dict[str, Any], need_answer: bool) -> None:
   for split in ("train", "eval"):
     if section.get(split):
       try:
+        # Every row under `bad_rows: error` (prompt files are small).
         sources_lib.check_rows(section[split], check,
                                format=str(section.get("format", "auto")),
-                               bad_rows=section["bad_rows"])
+                               bad_rows=section["bad_rows"], limit=None)
       except errors.UsageError as e:
         raise errors.UsageError(f"dataset.{split}: {e}") from None
 

@@ -242,13 +242,14 @@ def splash_tile_for(attention, length: int, mesh, *, key: str,
 
 def _run_sft(cfg, mesh, splash_tile) -> dict[str, Any]:
   clock = common.Stopwatch()
-  out = common.prepare_output_dir(cfg)
   tokenizer = common.build_tokenizer(cfg.tokenizer, cfg.model)
   model, defaults = build_model(cfg.model, seed=int(cfg.seed))
   vocab = model.config.vocab_size
   task_data = sft_data_lib.build_sft_data(
       cfg, tokenizer, seq_len=int(cfg.data.seq_len), vocab_size=vocab,
       mask_token_id=None)
+  # After the data: a bad row stops the job with nothing written.
+  out = common.prepare_output_dir(cfg)
   base_model = model
   model = common.apply_lora(model, cfg.lora, seed=int(cfg.seed))
   try:
