@@ -246,6 +246,21 @@ OPD_RECIPE = s.section(
     _rollout_fits_policy("student", "opd"))
 
 
+def _check_model_kind(recipe) -> None:
+  """`model.kind` is one that some kind's sft schema takes (it picks it)."""
+  model = recipe.get("model")
+  if not isinstance(model, dict):
+    raise s.refuse("model", model, "must be a section {kind: ..., ...}")
+  known = [choice for name in kinds.names()
+           for choice in kinds.get(name).sft_schema().keys["model"].keys[
+               "kind"].choices]
+  kind = model.get("kind")
+  if kind not in known:
+    raise errors.UsageError(
+        f"model.kind={s.show(kind)} is not valid: model.kind must be one of"
+        f" {known}" + errors.nearest(str(kind), known))
+
+
 def check_recipe(recipe, command: str) -> None:
   """Validates a resolved recipe (plain Python) of `command` in one pass.
 
@@ -256,6 +271,7 @@ def check_recipe(recipe, command: str) -> None:
     UsageError: the first key that breaks its rule, in one line.
   """
   if command == "sft":
+    _check_model_kind(recipe)
     schema = kinds.of_recipe(omegaconf.OmegaConf.create(
         {"model": recipe.get("model")})).sft_schema()
   else:
