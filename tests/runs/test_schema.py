@@ -151,33 +151,43 @@ def _refused(verb, *overrides, recipe=None):
   return message
 
 
-def test_cross_key_rules():
-  assert "must divide grpo.prompts_per_step=16" in _refused(
-      "rl", "grpo.micro_batch_prompts=5")
-  assert "rollout.temperature=0" in _refused("rl", "rollout.temperature=0.0")
-  assert "needs grpo.num_iterations=1" in _refused(
-      "rl", "grpo.checkpoint_every_n_steps=2", "grpo.num_iterations=2")
-  assert "must divide the policy's block size 4" in _refused(
-      "rl", "rollout.sub_block_size=3")
-  # The warm start's sft recipe is validated as one, named as such.
-  message = _refused("rl", "init.sft_overrides=[training.max_steps=0]")
-  assert message.startswith("init.sft_recipe/init.sft_overrides")
-  assert "training.max_steps=0" in message
-  assert "model.vocab_size" in _refused("sft", "model.vocab_size=10")
-  assert "must be < model.vocab_size=50" in _refused(
-      "sft", "diffusion.mask_token_id=50")
-  assert "must equal mesh.sp=1" in _refused("sft", "data.cp_size=2")
-  assert "process_id" in _refused(
-      "sft", "distributed.num_processes=2", "distributed.process_id=2")
-  assert "does not pair with alignment='shifted'" in _refused(
-      "sft", "diffusion.alignment=shifted")
-  assert "t_min" in _refused("sft", "sampler.t_min=0.9", "sampler.t_max=0.5",
-                             recipe="diffusion_gemma_tiny.yaml")
-  # Legal but unusual values stay legal: a threshold of exactly 1.0, a
-  # block longer than the sequence.
-  for overrides in (["eval.threshold=1.0"], ["diffusion.block_size=64"]):
-    job_schemas.check_recipe(
-        common.to_dict(common.load_recipe(["tiny.yaml", *overrides])), "sft")
+CROSS_KEY_RULES = (
+    ("rl", ["grpo.micro_batch_prompts=5"],
+     "must divide grpo.prompts_per_step=16"),
+    ("rl", ["rollout.temperature=0.0"], "rollout.temperature=0"),
+    ("rl", ["grpo.checkpoint_every_n_steps=2", "grpo.num_iterations=2"],
+     "needs grpo.num_iterations=1"),
+    ("rl", ["rollout.sub_block_size=3"],
+     "must divide the policy's block size 4"),
+    # The warm start's sft recipe is validated as one, named as such.
+    ("rl", ["init.sft_overrides=[training.max_steps=0]"],
+     "init.sft_recipe/init.sft_overrides (the warm start's sft recipe):"
+     " training.max_steps=0"),
+    ("sft", ["model.vocab_size=10"], "model.vocab_size=10"),
+    ("sft", ["diffusion.mask_token_id=50"], "must be < model.vocab_size=50"),
+    ("sft", ["data.cp_size=2"], "must equal mesh.sp=1"),
+    ("sft", ["distributed.num_processes=2", "distributed.process_id=2"],
+     "must be < distributed.num_processes=2"),
+    ("sft", ["diffusion.alignment=shifted"],
+     "does not pair with alignment='shifted'"),
+    ("sft", ["model.kind=null"], "model.kind=null is not valid"),
+    ("diffusion_gemma_tiny.yaml", ["sampler.t_min=0.9", "sampler.t_max=0.5"],
+     "need 0 < t_min < t_max"),
+)
+
+
+@pytest.mark.parametrize("where,overrides,words", CROSS_KEY_RULES)
+def test_cross_key_rules(where, overrides, words):
+  verb, recipe = ("sft", where) if where.endswith(".yaml") else (where, None)
+  assert words in _refused(verb, *overrides, recipe=recipe)
+
+
+@pytest.mark.parametrize("overrides", [["eval.threshold=1.0"],
+                                       ["diffusion.block_size=64"]])
+def test_legal_but_unusual_values_stay_legal(overrides):
+  # A threshold of exactly 1.0, a block longer than the sequence.
+  job_schemas.check_recipe(
+      common.to_dict(common.load_recipe(["tiny.yaml", *overrides])), "sft")
 
 
 def test_paths_are_checked_before_anything_runs(tmp_path, untrained_policy):
