@@ -90,6 +90,7 @@ def _reward(value, key):
 
 ROLLOUT = s.section({
     "threshold": sections.THRESHOLD,
+    "steps_per_block": s.integer(1, null=True),
     "sub_block_size": s.integer(1, null=True),
     "cache_phases": s.integer(1),
     "lockstep": s.boolean(),
@@ -217,6 +218,11 @@ def _rollout_fits_policy(policy_key: str, algo_key: str):
       raise s.refuse(f"{algo_key}.likelihood", "exact",
                      "must be committed_only with rollout.temperature=0"
                      " (greedy rollouts have no density)")
+    if (rollout.get("steps_per_block") is not None
+        and rollout.get("sub_block_size") is not None):
+      raise s.refuse("rollout.sub_block_size", rollout["sub_block_size"],
+                     "must be null with rollout.steps_per_block (sub-blocks"
+                     " take the threshold rule)")
     policy = policy_recipe(value[policy_key], policy_key)
     sub = rollout.get("sub_block_size")
     if policy is None or sub is None or policy.get("diffusion") is None:

@@ -141,6 +141,7 @@ def engine_factory(cfg, sft_cfg, attention=None):
       mask_token_id=int(sft_cfg.diffusion.mask_token_id),
       alignment=str(sft_cfg.diffusion.alignment),
       threshold=float(cfg.rollout.threshold),
+      steps_per_block=cfg.rollout.get("steps_per_block"),
       sub_block_size=cfg.rollout.get("sub_block_size"),
       cache_phases=cfg.rollout.get("cache_phases"),
       lockstep=cfg.rollout.get("lockstep", False),
