@@ -204,7 +204,8 @@ def test_bad_teacher_sections_are_refused(tmp_path):
   not_hf = tmp_path / "not_hf"
   not_hf.mkdir()
   for cfg, match in (
-      (_teacher_cfg(None), "needs teacher.path"),
+      (_teacher_cfg(None), "teacher.path=null is not valid: teacher.path"
+       " must be set"),
       (_teacher_cfg(tmp_path / "missing"), "is not a directory"),
       (_teacher_cfg(not_hf), "has no config.json"),
       (_teacher_cfg(path, num_layers=4), "teacher.num_layers=4 is a key of"),

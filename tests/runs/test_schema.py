@@ -117,6 +117,7 @@ def _hf_dir(tmp_path):
   directory = tmp_path / "hf"
   directory.mkdir()
   (directory / "config.json").write_text("{}")
+  (directory / "model.safetensors").write_bytes(b"")
   return directory
 
 
@@ -205,6 +206,9 @@ def test_paths_are_checked_before_anything_runs(tmp_path, untrained_policy):
   assert "must name existing files" in _refused(
       "sft", f"dataset.train={tmp_path / 'missing.jsonl'}")
   assert "must be a Hugging Face model directory" in _refused(
+      "sft", "model.kind=qwen3_hf", f"model.path={empty_dir}")
+  (empty_dir / "config.json").write_text("{}")
+  assert "has no *.safetensors files" in _refused(
       "sft", "model.kind=qwen3_hf", f"model.path={empty_dir}")
   assert "teacher.path" in _refused("opd", "teacher.kind=hf")
 

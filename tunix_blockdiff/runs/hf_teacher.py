@@ -26,6 +26,7 @@ import omegaconf
 from tunix_blockdiff import distributed
 from tunix_blockdiff import errors
 from tunix_blockdiff.runs import common
+from tunix_blockdiff.runs import recipe_paths
 from tunix_blockdiff.models import checkpoints
 from tunix_blockdiff.models import hf_configs
 
@@ -118,27 +119,7 @@ def check_teacher_section(teacher_cfg) -> None:
 
 def check_hf_dir(path) -> pathlib.Path:
   """`teacher.path` as a Hugging Face model directory, or a `UsageError`."""
-  if not path:
-    raise errors.UsageError(
-        "teacher.kind=hf needs teacher.path (a Hugging Face model directory"
-        " with config.json and *.safetensors)"
-    )
-  directory = pathlib.Path(str(path)).expanduser()
-  if not directory.is_dir():
-    raise errors.MissingFileError(
-        f"teacher.path={path} is not a directory (teacher.kind=hf needs a"
-        " Hugging Face model directory with config.json and *.safetensors)"
-    )
-  if not (directory / "config.json").is_file():
-    raise errors.MissingFileError(
-        f"teacher.path={path} has no config.json: not a Hugging Face model"
-        " directory"
-    )
-  if not list(directory.glob("*.safetensors")):
-    raise errors.MissingFileError(
-        f"teacher.path={path} has no *.safetensors files: not a Hugging Face"
-        " model directory"
-    )
+  directory = recipe_paths.check_hf_dir("teacher.path", path)
   try:
     hf_configs.family_of(_read_config(directory))
   except ValueError as e:

@@ -28,6 +28,7 @@ from tunix_blockdiff.runs import common
 from tunix_blockdiff.runs import kinds
 from tunix_blockdiff.runs import prompt_files
 from tunix_blockdiff.runs import rl_checkpoints
+from tunix_blockdiff.runs import recipe_paths
 from tunix_blockdiff.runs import schema as s
 from tunix_blockdiff.runs import sections
 
@@ -57,7 +58,7 @@ def policy_recipe(section, key: str) -> omegaconf.DictConfig | None:
   if kinds.of_policy(omegaconf.OmegaConf.create(dict(section))) is not (
       kinds.get(kinds.DEFAULT)):
     return None  # Another kind's directory (e.g. a Hugging Face one).
-  path = sections.check_run_dir(f"{key}.checkpoint", checkpoint)
+  path = recipe_paths.check_run_dir(f"{key}.checkpoint", checkpoint)
   return omegaconf.OmegaConf.load(
       rl_checkpoints.policy_dir(path) / common.RECIPE_FILE)
 

@@ -24,54 +24,13 @@ from tunix_blockdiff.data import sources as sources_lib
 from tunix_blockdiff.models import hf_configs
 from tunix_blockdiff.models import registry
 from tunix_blockdiff.models import remat
+from tunix_blockdiff.runs import recipe_paths
 from tunix_blockdiff.runs import schema as s
 
 DTYPES = tuple(hf_configs.DTYPES)
 MESH_AXES = distributed.MESH_AXES
 # A placeholder vocabulary for dataclass checks made before the model exists.
 _ANY_VOCAB = 2**31 - 1
-
-
-# Paths.
-
-
-def check_paths(key: str, value: Any) -> list[str]:
-  """The files a dataset path, glob or list names; refuses one naming none."""
-  try:
-    return sources_lib.resolve_paths(value)
-  except errors.MissingFileError as e:
-    raise s.refuse(key, value, f"must name existing files: {e}") from None
-
-
-def check_hf_dir(key: str, value: Any) -> pathlib.Path:
-  """`value`, a Hugging Face model directory (config.json inside)."""
-  path = pathlib.Path(str(value)).expanduser()
-  if not (path / "config.json").is_file():
-    raise s.refuse(
-        key, value,
-        "must be a Hugging Face model directory (config.json and"
-        f" *.safetensors): {path / 'config.json'} not found")
-  return path
-
-
-def check_run_dir(key: str, value: Any) -> pathlib.Path:
-  """`value`, the output_dir of an sft, rl or opd run with a checkpoint."""
-  from tunix_blockdiff.runs import rl_checkpoints  # pylint: disable=g-import-not-at-top
-
-  path = pathlib.Path(str(value)).expanduser()
-  if not path.is_dir():
-    raise s.refuse(key, value, "must be the output_dir of an sft, rl or opd"
-                   f" run: {path} is not a directory")
-  policy = rl_checkpoints.policy_dir(path)
-  if not (policy / "recipe.yaml").is_file():
-    raise s.refuse(key, value, "must be the output_dir of an sft, rl or opd"
-                   f" run: {policy / 'recipe.yaml'} not found")
-  steps = [p for p in (policy / "checkpoints").glob("*")
-           if p.is_dir() and p.name.isdigit()]
-  if not steps:
-    raise s.refuse(key, value, "must be a run with a saved checkpoint: no"
-                   f" step under {policy / 'checkpoints'} (did it finish?)")
-  return path
 
 
 def output_dir_rule(value: Mapping[str, Any], key: str) -> None:
@@ -130,7 +89,7 @@ def dataset_paths(value, key):
   """Every path `dataset.train` / `dataset.eval` names exists."""
   for split in ("train", "eval"):
     if value.get(split) is not None:
-      check_paths(f"{key}.{split}", value[split])
+      recipe_paths.check_paths(f"{key}.{split}", value[split])
 
 
 def _sft_rows(value, key):
@@ -196,7 +155,7 @@ def _block_diffusion_model(value, key):
     raise s.refuse(f"{key}.path", None, f"must be set for {key}.kind={kind}"
                    " (a Hugging Face model directory)")
   else:
-    check_hf_dir(f"{key}.path", value["path"])
+    recipe_paths.check_hf_dir(f"{key}.path", value["path"])
 
 
 MODEL_ATTENTION = {
@@ -403,9 +362,6 @@ __all__ = [
     "TRAINING",
     "attention_keys",
     "check_devices",
-    "check_hf_dir",
-    "check_paths",
-    "check_run_dir",
     "dataset_paths",
     "output_dir_rule",
     "task_or_dataset",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from tunix_blockdiff.kinds.diffusion_gemma import objective as dg_objective
 from tunix_blockdiff.models import diffusion_gemma as dg
 from tunix_blockdiff.models.diffusion_gemma import config as dg_config
+from tunix_blockdiff.runs import recipe_paths
 from tunix_blockdiff.runs import schema as s
 from tunix_blockdiff.runs import sections
 
@@ -27,7 +28,7 @@ def _model(value, key):
     if value.get("path") is None:
       raise s.refuse(f"{key}.path", None, "must be set for"
                      f" {key}.kind=diffusion_gemma_hf (an HF directory)")
-    sections.check_hf_dir(f"{key}.path", value["path"])
+    recipe_paths.check_hf_dir(f"{key}.path", value["path"])
     return
   missing = [k for k in (*TINY_SIZES, "layer_types", "final_logit_softcap")
              if value.get(k) is None]
