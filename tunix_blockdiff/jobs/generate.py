@@ -83,15 +83,7 @@ DEFAULTS = {
 # The options' rules (`runs.schema`), checked before anything is loaded.
 OPTIONS = schema.section({
     "prompts": schema.sequence(schema.text(), low=1, null=True),
-    "threshold": sections.THRESHOLD,
-    "steps_per_block": schema.integer(1, null=True),
-    "sub_block_size": schema.integer(1, null=True),
-    "cache_phases": schema.integer(1),
-    "lockstep": schema.boolean(),
-    "ragged_cache": schema.boolean(),
-    "fused_head": schema.boolean(),
-    "one_program": schema.boolean(),
-    "temperature": schema.number(0),
+    **sections.DECODING,
     "max_new_tokens": schema.integer(1, null=True),
     "seed": sections.SEED,
     "png": schema.text(null=True),

@@ -90,15 +90,7 @@ def _reward(value, key):
 
 
 ROLLOUT = s.section({
-    "threshold": sections.THRESHOLD,
-    "steps_per_block": s.integer(1, null=True),
-    "sub_block_size": s.integer(1, null=True),
-    "cache_phases": s.integer(1),
-    "lockstep": s.boolean(),
-    "ragged_cache": s.boolean(),
-    "fused_head": s.boolean(),
-    "one_program": s.boolean(),
-    "temperature": s.number(0),
+    **sections.DECODING,
     "max_tokens_to_generate": s.integer(1, required=True),
     "max_prompt_length": s.integer(1, null=True),
     "attention": s.choice(*config_lib.ATTENTION_IMPLEMENTATIONS, null=True),

@@ -231,6 +231,18 @@ TRAINING = s.section({
 }, required=True)
 
 THRESHOLD = s.probability(low_open=True)
+# The decoding keys of `generate`'s options and the rl/opd `rollout` section.
+DECODING = {
+    "threshold": THRESHOLD,
+    "steps_per_block": s.integer(1, null=True),
+    "sub_block_size": s.integer(1, null=True),
+    "cache_phases": s.integer(1),
+    "lockstep": s.boolean(),
+    "ragged_cache": s.boolean(),
+    "fused_head": s.boolean(),
+    "one_program": s.boolean(),
+    "temperature": s.number(0),
+}
 EVAL = s.section({
     "threshold": THRESHOLD,
     "thresholds": s.sequence(THRESHOLD),
@@ -344,6 +356,7 @@ __all__ = [
     "BASE",
     "DATA",
     "DATASET",
+    "DECODING",
     "DIFFUSION",
     "DISTRIBUTED",
     "DTYPES",
