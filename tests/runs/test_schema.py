@@ -158,8 +158,10 @@ CROSS_KEY_RULES = (
     ("rl", ["rollout.temperature=0.0"], "rollout.temperature=0"),
     ("rl", ["grpo.checkpoint_every_n_steps=2", "grpo.num_iterations=2"],
      "needs grpo.num_iterations=1"),
-    ("rl", ["rollout.sub_block_size=3"],
+    ("rl", ["rollout.steps_per_block=null", "rollout.sub_block_size=3"],
      "must divide the policy's block size 4"),
+    ("rl", ["rollout.sub_block_size=2"],
+     "must be null with rollout.steps_per_block"),
     # The warm start's sft recipe is validated as one, named as such.
     ("rl", ["init.sft_overrides=[training.max_steps=0]"],
      "init.sft_recipe/init.sft_overrides (the warm start's sft recipe):"

@@ -157,7 +157,8 @@ _KINDS = (
 
 
 # Keys whose recipes document a meaning for null (the override may set it).
-NULLABLE_KEYS = ("model.num_experts", "rollout.max_prompt_length")
+NULLABLE_KEYS = ("model.num_experts", "rollout.max_prompt_length",
+                 "rollout.steps_per_block")
 
 
 def _check_override_type(base, cfg, override: str) -> None:
