@@ -26,7 +26,6 @@ from typing import Any, Callable, Mapping, Sequence
 
 from tunix_blockdiff import errors
 
-MISSING = object()
 # A cross-key rule: (the section's plain-Python values, the section's dotted
 # name) -> None; it raises `UsageError` (see `refuse`).
 Rule = Callable[[Mapping[str, Any], str], None]
@@ -241,24 +240,11 @@ def mapping(*, null: bool = False, required: bool = False) -> Key:
   return Key("dict", null=null, required=required)
 
 
-def anything(*, null: bool = True) -> Key:
-  return Key("any", null=null)
-
-
 def section(keys: Mapping[str, Key | Section], *rules: Rule,
             null: bool = False, required: bool = False,
             open: bool = False) -> Section:  # pylint: disable=redefined-builtin
   return Section(dict(keys), tuple(rules), null=null, required=required,
                  open=open)
-
-
-def merged(*sections: Section, rules: Sequence[Rule] = ()) -> Section:
-  """One section holding every key and rule of `sections`, then `rules`."""
-  keys, all_rules = {}, []
-  for s in sections:
-    keys.update(s.keys)
-    all_rules.extend(s.rules)
-  return Section(keys, (*all_rules, *rules))
 
 
 def wrap(key: str, check: Callable[[], Any]) -> Any:
@@ -329,15 +315,12 @@ def validate(recipe: Mapping[str, Any], schema: Section) -> None:
 
 __all__ = [
     "Key",
-    "MISSING",
     "Rule",
     "Section",
-    "anything",
     "boolean",
     "choice",
     "integer",
     "mapping",
-    "merged",
     "number",
     "parse_options",
     "probability",
