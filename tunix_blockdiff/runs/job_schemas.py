@@ -201,27 +201,32 @@ RL_DATASET = s.Section(sections.DATASET.keys, sections.DATASET.rules,
 
 
 def _rollout_fits_policy(policy_key: str, algo_key: str):
-  """Rules between the rollout, the algorithm and the policy's recipe."""
+  """Rules between the rollout, the algorithm and the policy's recipe.
+
+  They are the block-diffusion rollout's; another kind's policy (a
+  DiffusionGemma run or directory, whose sampler ignores these keys) is
+  left to its own job.
+  """
 
   def rule(value, key):
     del key
+    policy = policy_recipe(value[policy_key], policy_key)
+    if policy is None or kinds.of_recipe(policy) is not kinds.get(
+        kinds.DEFAULT):
+      return
     rollout, algo = value["rollout"], value[algo_key]
     if (rollout.get("temperature", 1.0) == 0
         and algo.get("likelihood", "exact") == "exact"):
       raise s.refuse(f"{algo_key}.likelihood", "exact",
                      "must be committed_only with rollout.temperature=0"
                      " (greedy rollouts have no density)")
-    if (rollout.get("steps_per_block") is not None
-        and rollout.get("sub_block_size") is not None):
-      raise s.refuse("rollout.sub_block_size", rollout["sub_block_size"],
+    sub = rollout.get("sub_block_size")
+    if sub is not None and rollout.get("steps_per_block") is not None:
+      raise s.refuse("rollout.sub_block_size", sub,
                      "must be null with rollout.steps_per_block (sub-blocks"
                      " take the threshold rule)")
-    policy = policy_recipe(value[policy_key], policy_key)
-    sub = rollout.get("sub_block_size")
-    if policy is None or sub is None or policy.get("diffusion") is None:
-      return
     block = int(policy.diffusion.block_size)
-    if block % sub:
+    if sub is not None and block % sub:
       raise s.refuse("rollout.sub_block_size", sub,
                      f"must divide the policy's block size {block}")
 
