@@ -153,18 +153,6 @@ def kill_at(
   process.stderr.close()
 
 
-def kill_after_checkpoint(
-    argv: Sequence[str],
-    out: pathlib.Path,
-    step: int,
-    tmp_path: pathlib.Path,
-    python_path: Sequence[str] = (),
-    timeout_s: float = 600,
-) -> None:
-  """Runs `tunix-blockdiff ARGV output_dir=OUT`, SIGKILLs it after `step`."""
-  kill_at(f"committed:{step}", argv, out, tmp_path, python_path, timeout_s)
-
-
 def files(out: pathlib.Path) -> dict[str, tuple[int, int]]:
   """(size, mtime_ns) of every file under `out`, by relative path."""
   return {

@@ -51,26 +51,15 @@ def main(argv: list[str] | None = None) -> int:
         file=sys.stderr,
     )
     return 2
-  except OSError as e:
-    # The system refused a file operation (a full disk, a read-only mount):
-    # where it happened, and what.
+  except Exception as e:  # pylint: disable=broad-exception-caught
+    # Not the user's mistake: its traceback, and a line saying what it is
+    # (the system refused a file operation, or the package has a bug).
     traceback.print_exc()
-    print(
-        f"tunix-blockdiff {command}: system error: {type(e).__name__}:"
-        f" {errors.one_line(e)}",
-        file=sys.stderr,
-    )
-    return 1
-  except Exception:  # pylint: disable=broad-exception-caught
-    # Anything else is the package's fault: its traceback, and a line
-    # saying so.
-    traceback.print_exc()
-    print(
-        f"tunix-blockdiff {command}: internal error (a bug in"
-        " tunix-blockdiff, not in your recipe): please report it with the"
-        " traceback above",
-        file=sys.stderr,
-    )
+    what = (f"system error: {type(e).__name__}: {errors.one_line(e)}"
+            if isinstance(e, OSError) else
+            "internal error (a bug in tunix-blockdiff, not in your recipe):"
+            " please report it with the traceback above")
+    print(f"tunix-blockdiff {command}: {what}", file=sys.stderr)
     return 1
   return int(result or 0)
 

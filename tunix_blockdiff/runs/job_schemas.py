@@ -63,13 +63,6 @@ def policy_recipe(section, key: str) -> omegaconf.DictConfig | None:
       rl_checkpoints.policy_dir(path) / common.RECIPE_FILE)
 
 
-def _policy(key: str):
-  def rule(value, section_key):
-    del section_key
-    policy_recipe(value, key)
-  return rule
-
-
 def policy_section(key: str) -> s.Section:
   """`init` (rl) or `student` (opd)."""
   return s.section({
@@ -77,7 +70,7 @@ def policy_section(key: str) -> s.Section:
       "output_subdir": s.text(),
       "sft_recipe": s.text(),
       "sft_overrides": s.sequence(s.text(), null=True),
-  }, _policy(key), required=True)
+  }, required=True)  # The policy itself: `_rollout_fits_policy`.
 
 
 def _reward(value, key):
@@ -201,9 +194,10 @@ RL_DATASET = s.Section(sections.DATASET.keys, sections.DATASET.rules,
 
 
 def _rollout_fits_policy(policy_key: str, algo_key: str):
-  """Rules between the rollout, the algorithm and the policy's recipe.
+  """The policy (`policy_recipe`, read and checked once), then the rules
+  between the rollout, the algorithm and the policy's recipe.
 
-  They are the block-diffusion rollout's; another kind's policy (a
+  Those rules are the block-diffusion rollout's; another kind's policy (a
   DiffusionGemma run or directory, whose sampler ignores these keys) is
   left to its own job.
   """

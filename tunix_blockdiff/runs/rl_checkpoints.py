@@ -104,14 +104,8 @@ def _state_dir(out: pathlib.Path) -> pathlib.Path:
 
 def latest_step(out: pathlib.Path) -> int | None:
   """The newest committed actor checkpoint step under `out`, or None."""
-  root = out / CHECKPOINT_SUBDIR / "actor"
-  if not root.is_dir():
-    return None
-  manager = ocp.CheckpointManager(str(root))
-  try:
-    return manager.latest_step()
-  finally:
-    manager.close()
+  steps = committed_steps(out / CHECKPOINT_SUBDIR / "actor")
+  return steps[-1] if steps else None
 
 
 def _write_json(path: pathlib.Path, value: dict[str, Any]) -> None:

@@ -338,7 +338,7 @@ def check_devices(recipe: Mapping[str, Any], *, sequence: bool = True) -> None:
   mesh = recipe.get("mesh")
   if mesh is None:
     return
-  shape = {axis: int(mesh.get(axis, 1) or 1) for axis in MESH_AXES}
+  shape = distributed.mesh_shape(mesh)  # its values passed the schema
   if not sequence and shape["sp"] > 1:
     raise s.refuse("mesh.sp", shape["sp"], "must be 1: the rl and opd"
                    " rollouts shard prompts over mesh.fsdp; context"
