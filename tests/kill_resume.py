@@ -61,6 +61,13 @@ _write_json = rl_checkpoints._write_json
 
 def write_json(path, value):
   if POINT == "state" and path.name == f"{STEP}.json":
+    # The earlier checkpoints' asynchronous commits finish first: the kill
+    # is during this file's write only.
+    actor = path.parent.parent / "actor"
+    deadline = time.time() + 120
+    while time.time() < deadline and any(
+        ".orbax-checkpoint-tmp" in p.name for p in actor.glob("*")):
+      time.sleep(0.1)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.with_suffix(".tmp").write_text('{"step": ')  # half written
     block()
